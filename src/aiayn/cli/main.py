@@ -1,0 +1,56 @@
+"""The `aiayn` command. Each subcommand lives in its own module of this package and
+exposes ``add_parser(subparsers)``, which registers its arguments and sets ``func``.
+User errors (:class:`AiaynError`) print one message and exit non-zero, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from aiayn.errors import AiaynError
+
+# Module names under aiayn.cli, in the order `aiayn --help` lists them.
+SUBCOMMANDS = (
+    "demo", "prepare", "train", "average", "translate", "evaluate", "serve", "plot",
+    "export", "import_hf", "model_info",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiayn", description="The Transformer of 'Attention Is All You Need' for translation.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"aiayn.cli.{name}")
+        except ModuleNotFoundError as exc:  # a subcommand whose module is not written yet
+            if exc.name != f"aiayn.cli.{name}":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        code = args.func(args)
+    except AiaynError as exc:
+        print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        print(f"aiayn {args.command}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code or 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,458 @@
+"""Configuration: dataclasses, named presets, YAML files and dotted overrides.
+
+One experiment = ``Config(model, data, train, decode)``. Every field has the paper's
+value as its default where the paper gives one (see ``../shared/PAPER.md``); variants
+are options. Unknown keys and impossible values are :class:`ConfigError`s that name
+the field, e.g. ``model.n_heads: d_model=512 is not divisible by n_heads=7``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aiayn.errors import ConfigError
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass
+class ModelConfig:
+    """The Transformer's shape. Defaults are the paper's base model (Table 3, row 'base')."""
+
+    src_vocab_size: int = 32000
+    tgt_vocab_size: int = 32000
+    d_model: int = 512
+    n_heads: int = 8
+    # Head dimension d_k = d_v. None means d_model / n_heads (the paper); Table 3 (A)/(B)
+    # vary it independently, so it can be set explicitly.
+    d_head: int | None = None
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    # P_drop of section 5.4: on every sub-layer output and on embeddings + positions.
+    dropout: float = 0.1
+    # tensor2tensor also drops attention probabilities and the FFN's hidden activation;
+    # fairseq defaults both to 0, as does the paper's text.
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"  # relu | gelu | swish
+    positions: str = "sinusoidal"  # sinusoidal | learned
+    # interleaved: the paper's formula, PE(pos, 2i) = sin, PE(pos, 2i+1) = cos.
+    # concat: all sines then all cosines (fairseq, tensor2tensor, Marian, HF Marian).
+    sinusoid_layout: str = "interleaved"
+    # post: LayerNorm(x + Dropout(Sublayer(x))), the paper. pre: x + Sublayer(LayerNorm(x))
+    # plus a final LayerNorm after each stack (tensor2tensor v2+).
+    norm: str = "post"
+    # all: one matrix for source embedding, target embedding and pre-softmax projection
+    # (section 3.4; needs a shared vocabulary). decoder: target embedding tied to the
+    # projection only. none: three separate matrices.
+    share_embeddings: str = "all"
+    max_positions: int = 1024
+    pad_id: int = 0
+    layer_norm_eps: float = 1e-5
+    # A bias on the pre-softmax projection (HF Marian's final_logits_bias). Off in the paper.
+    output_bias: bool = False
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_head if self.d_head is not None else self.d_model // self.n_heads
+
+    def validate(self, prefix: str = "model") -> None:
+        positive = (
+            "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
+            "max_positions",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{prefix}.{name}: must be positive, got {getattr(self, name)}")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
+        if self.d_head is None and self.d_model % self.n_heads != 0:
+            raise ConfigError(
+                f"{prefix}.n_heads: d_model={self.d_model} is not divisible by "
+                f"n_heads={self.n_heads} (set {prefix}.d_head to choose d_k explicitly)"
+            )
+        if self.d_head is not None and self.d_head <= 0:
+            raise ConfigError(f"{prefix}.d_head: must be positive, got {self.d_head}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            p = getattr(self, name)
+            if not 0.0 <= p < 1.0:
+                raise ConfigError(f"{prefix}.{name}: must be in [0, 1), got {p}")
+        _choice(prefix, "activation", self.activation, ("relu", "gelu", "swish"))
+        _choice(prefix, "positions", self.positions, ("sinusoidal", "learned"))
+        _choice(prefix, "sinusoid_layout", self.sinusoid_layout, ("interleaved", "concat"))
+        _choice(prefix, "norm", self.norm, ("post", "pre"))
+        _choice(prefix, "share_embeddings", self.share_embeddings, ("all", "decoder", "none"))
+        if self.sinusoid_layout and self.d_model % 2 != 0 and self.positions == "sinusoidal":
+            raise ConfigError(f"{prefix}.d_model: sinusoidal positions need an even d_model")
+        if self.share_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ConfigError(
+                f"{prefix}.share_embeddings: 'all' needs one shared vocabulary, but "
+                f"src_vocab_size={self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}"
+            )
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ConfigError(f"{prefix}.pad_id: {self.pad_id} is outside the vocabulary")
+        if self.layer_norm_eps <= 0:
+            raise ConfigError(f"{prefix}.layer_norm_eps: must be positive")
+
+
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # Table 3 of the paper.
+    "base": dict(d_model=512, d_ff=2048, n_heads=8, n_encoder_layers=6,
+                 n_decoder_layers=6, dropout=0.1),
+    "big": dict(d_model=1024, d_ff=4096, n_heads=16, n_encoder_layers=6,
+                n_decoder_layers=6, dropout=0.3),
+    # For tests and the demo: small enough to train in seconds on a CPU.
+    "tiny": dict(d_model=64, d_ff=128, n_heads=4, n_encoder_layers=2,
+                 n_decoder_layers=2, dropout=0.0, src_vocab_size=64, tgt_vocab_size=64,
+                 max_positions=256),
+}
+
+
+def model_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A :class:`ModelConfig` for a named preset (``base``, ``big``, ``tiny``)."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown model preset {name!r}; choose from {sorted(MODEL_PRESETS)}")
+    cfg = ModelConfig(**{**MODEL_PRESETS[name], **overrides})
+    cfg.validate()
+    return cfg
+
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclass
+class DataConfig:
+    """Where the data comes from and how it is tokenized and filtered."""
+
+    # A known corpus (see aiayn.data.datasets), or None for user files / synthetic.
+    dataset: str | None = None
+    # A mirror folder holding the corpus files (e.g. ../shared/data); also $AIAYN_DATA_MIRROR.
+    data_dir: str | None = None
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # The output of `aiayn prepare`: tokenizer model(s), binarized splits, summary.json.
+    prepared_dir: str | None = None
+    train_src: str | None = None
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    test_src: str | None = None
+    test_tgt: str | None = None
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    # Built-in synthetic task (copy | reverse | sort | toy): used when dataset is None
+    # and no files are given.
+    synthetic: str | None = None
+    synthetic_train_size: int = 20000
+    synthetic_valid_size: int = 500
+    synthetic_min_len: int = 3
+    synthetic_max_len: int = 12
+    synthetic_vocab: int = 20
+    # SentencePiece.
+    vocab_size: int = 8000
+    joint_vocab: bool = True
+    character_coverage: float = 1.0
+    spm_model_type: str = "bpe"  # bpe | unigram | word (word: synthetic tasks)
+    spm_input_sentence_size: int = 2_000_000
+    # Training-data filters (validation and test are never filtered).
+    max_len: int = 256
+    max_len_ratio: float = 9.0
+    on_invalid_utf8: str = "error"  # error | replace | skip
+
+    def validate(self, prefix: str = "data") -> None:
+        if self.vocab_size < 8:
+            raise ConfigError(f"{prefix}.vocab_size: must be at least 8, got {self.vocab_size}")
+        if not 0.0 < self.character_coverage <= 1.0:
+            raise ConfigError(f"{prefix}.character_coverage: must be in (0, 1]")
+        if self.max_len < 1:
+            raise ConfigError(f"{prefix}.max_len: must be at least 1")
+        if self.max_len_ratio < 1.0:
+            raise ConfigError(f"{prefix}.max_len_ratio: must be at least 1.0")
+        _choice(prefix, "on_invalid_utf8", self.on_invalid_utf8, ("error", "replace", "skip"))
+        _choice(prefix, "spm_model_type", self.spm_model_type, ("bpe", "unigram", "word"))
+        if self.synthetic is not None:
+            _choice(prefix, "synthetic", self.synthetic, ("copy", "reverse", "sort", "toy"))
+
+
+# ------------------------------------------------------------------------ training
+
+
+@dataclass
+class TrainConfig:
+    """The paper's recipe (section 5) by default."""
+
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    compile: bool = False
+    # Batch: padded tokens on the longer side per batch (as fairseq counts), per GPU;
+    # max_tokens x GPUs x update_freq is the effective batch (~25k in the paper).
+    max_tokens: int = 4096
+    update_freq: int = 1
+    # Stopping: whichever comes first; 0 means no limit.
+    max_steps: int = 100_000
+    max_epochs: int = 0
+    max_time_minutes: float = 0.0
+    # Optimizer (section 5.3): Adam, beta1 0.9, beta2 0.98, eps 1e-9.
+    optimizer: str = "adam"  # adam | adamw
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    # Learning-rate schedule: noam (the paper), inverse_sqrt (fairseq), constant.
+    lr_schedule: str = "noam"
+    lr_scale: float = 1.0  # multiplies the noam rate
+    lr: float = 5e-4  # peak rate for inverse_sqrt / constant
+    warmup_steps: int = 4000
+    warmup_init_lr: float = 1e-7
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0  # 0 = off, as in the paper
+    # Logging, validation, checkpoints.
+    log_every: int = 100
+    valid_every: int = 1000
+    valid_bleu: bool = False
+    save_every: int = 1000  # steps; 0 = off
+    save_every_minutes: float = 0.0  # the paper wrote one every 10 minutes; 0 = off
+    keep_last: int = 5
+    best_metric: str = "valid_loss"  # valid_loss | valid_ppl | valid_bleu
+    max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
+    tensorboard: bool = False
+    num_workers: int = 0
+
+    def validate(self, prefix: str = "train") -> None:
+        _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16"))
+        _choice(prefix, "device", self.device, ("auto", "cpu", "cuda"))
+        _choice(prefix, "optimizer", self.optimizer, ("adam", "adamw"))
+        _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant"))
+        _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
+        for name in ("max_tokens", "update_freq"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
+        for name in ("max_steps", "max_epochs", "warmup_steps", "save_every", "keep_last",
+                     "log_every", "valid_every", "num_workers"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{prefix}.{name}: must not be negative, got {getattr(self, name)}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"{prefix}.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        if self.lr <= 0 or self.lr_scale <= 0:
+            raise ConfigError(f"{prefix}.lr: learning rates must be positive")
+        if len(self.adam_betas) != 2 or not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ConfigError(f"{prefix}.adam_betas: need two values in [0, 1), got {self.adam_betas}")
+        if self.adam_eps <= 0:
+            raise ConfigError(f"{prefix}.adam_eps: must be positive")
+        if self.weight_decay < 0 or self.clip_norm < 0:
+            raise ConfigError(f"{prefix}.weight_decay / clip_norm: must not be negative")
+        if self.max_nonfinite < 1:
+            raise ConfigError(f"{prefix}.max_nonfinite: must be at least 1")
+
+
+# ------------------------------------------------------------------------ decoding
+
+
+@dataclass
+class DecodeConfig:
+    """Section 6.1: beam 4, alpha 0.6, max output length = input length + 50."""
+
+    beam: int = 4
+    lenpen: float = 0.6
+    lenpen_style: str = "gnmt"  # gnmt: ((5+|Y|)/6)^alpha | fairseq: |Y|^alpha
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    min_len: int = 0
+    nbest: int = 1
+    no_repeat_ngram_size: int = 0
+    batch_tokens: int = 4096
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def validate(self, prefix: str = "decode") -> None:
+        if self.beam < 1:
+            raise ConfigError(f"{prefix}.beam: must be at least 1, got {self.beam}")
+        if not 1 <= self.nbest <= self.beam:
+            raise ConfigError(f"{prefix}.nbest: must be between 1 and beam={self.beam}, got {self.nbest}")
+        _choice(prefix, "lenpen_style", self.lenpen_style, ("gnmt", "fairseq"))
+        if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
+            raise ConfigError(f"{prefix}.max_len_a / max_len_b / min_len: must not be negative")
+        if self.temperature <= 0:
+            raise ConfigError(f"{prefix}.temperature: must be positive")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"{prefix}.top_p: must be in (0, 1]")
+        if self.top_k < 0 or self.no_repeat_ngram_size < 0 or self.batch_tokens < 1:
+            raise ConfigError(f"{prefix}.top_k / no_repeat_ngram_size / batch_tokens: out of range")
+
+
+# ---------------------------------------------------------------------- experiment
+
+
+@dataclass
+class Config:
+    """A whole experiment: the four sections of a ``configs/*.yaml`` file."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self) -> None:
+        self.model.validate("model")
+        self.data.validate("data")
+        self.train.validate("train")
+        self.decode.validate("decode")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+# ------------------------------------------------------------------- (de)serializing
+
+
+def _choice(prefix: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{prefix}.{name}: {value!r} is not one of {', '.join(choices)}")
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain dicts/lists/scalars (YAML- and JSON-safe) from nested config dataclasses."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check/convert one YAML value against a field's type annotation."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: {value!r} has the wrong type (expected {tp})")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        args = typing.get_args(tp)
+        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    return value
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys are errors naming the field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{path}: unknown field{hint}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply ``section.field=value`` strings; values are parsed as YAML scalars."""
+    data = to_dict(cfg)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected section.field=value")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) != 2 or parts[0] not in data:
+            raise ConfigError(
+                f"override {item!r}: expected one of {', '.join(data)} followed by .field"
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: cannot parse value: {exc}") from None
+        data[parts[0]][parts[1]] = value
+    return config_from_dict(data)
+
+
+def config_from_dict(data: dict[str, Any], where: str = "") -> Config:
+    """A validated :class:`Config` from a mapping; a ``model.preset`` key selects a preset."""
+    data = dict(data or {})
+    model = dict(data.get("model") or {})
+    preset = model.pop("preset", None)
+    if preset is not None:
+        if preset not in MODEL_PRESETS:
+            raise ConfigError(f"{where}model.preset: unknown preset {preset!r}; "
+                              f"choose from {sorted(MODEL_PRESETS)}")
+        model = {**MODEL_PRESETS[preset], **model}
+    data["model"] = model
+    try:
+        cfg = from_dict(Config, data)
+        cfg.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
+    return cfg
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Load a YAML experiment file, then apply dotted overrides."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping with model/data/train/decode sections")
+    cfg = config_from_dict(data or {}, where=f"{path}: ")
+    if overrides:
+        cfg = apply_overrides(cfg, overrides)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(dump_config(cfg), encoding="utf-8")
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)

@@ -1,0 +1,26 @@
+"""User-facing errors.
+
+Anything a user can cause (a bad file, a bad config value, a bad request) raises a
+subclass of :class:`AiaynError`. The CLI prints its message and exits non-zero, without
+a traceback; programming errors stay ordinary exceptions with tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class AiaynError(Exception):
+    """An error caused by user input; its message names the file, line or field."""
+
+    exit_code: int = 2
+
+
+class ConfigError(AiaynError):
+    """An invalid configuration value or an unknown configuration key."""
+
+
+class DataError(AiaynError):
+    """Bad input data: missing file, misaligned lines, invalid UTF-8, corrupt gzip..."""
+
+
+class CheckpointError(AiaynError):
+    """A missing, incomplete or corrupted checkpoint."""

@@ -1,0 +1,84 @@
+"""Scaled dot-product and multi-head attention (paper section 3.2)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
+    dropout_p: float = 0.0, need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T / sqrt(d_k)) V.
+
+    q: (B, H, T, d_k); k, v: (B, H, S, d_k); mask: bool, broadcastable to (B, H, T, S),
+    True where a query may attend. Without ``need_weights`` this is PyTorch's fused
+    kernel (flash / memory-efficient on GPUs); with it, the explicit formula, returning
+    the probabilities (B, H, T, S) as well (0 on masked keys, rows summing to 1).
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal and mask is None
+        )
+        return out, None
+    scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if is_causal:
+        t, s = scores.shape[-2:]
+        causal = torch.ones(t, s, dtype=torch.bool, device=q.device).tril(diagonal=s - t)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    return torch.matmul(dropped, v), probs
+
+
+class MultiHeadAttention(nn.Module):
+    """h heads of d_k = d_v, with projections W_Q, W_K, W_V and the output W_O."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_head
+        inner = n_heads * d_head
+        self.w_q = nn.Linear(d_model, inner)
+        self.w_k = nn.Linear(d_model, inner)
+        self.w_v = nn.Linear(d_model, inner)
+        self.w_o = nn.Linear(inner, d_model)
+        self.dropout = dropout
+        for lin in (self.w_q, self.w_k, self.w_v, self.w_o):
+            nn.init.xavier_uniform_(lin.weight)
+            nn.init.zeros_(lin.bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        # (B, T, H*d_k) -> (B, H, T, d_k)
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of x: (B, S, D) -> 2 x (B, H, S, d_k). Cached by the decoder."""
+        return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
+
+    def attend(
+        self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+        is_causal: bool = False, need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Queries from x (B, T, D) over given keys/values -> (B, T, D), weights (B, H, T, S)."""
+        q = self.split_heads(self.w_q(x))  # (B, H, T, d_k)
+        p = self.dropout if self.training else 0.0
+        out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal, p, need_weights)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T, H*d_k)
+        return self.w_o(out), weights
+
+    def forward(
+        self, x: Tensor, memory: Tensor | None = None, mask: Tensor | None = None,
+        is_causal: bool = False, need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Self-attention (memory None) or attention over memory (B, S, D)."""
+        k, v = self.project_kv(x if memory is None else memory)
+        return self.attend(x, k, v, mask, is_causal, need_weights)
