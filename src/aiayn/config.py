@@ -164,6 +164,10 @@ class DataConfig:
     character_coverage: float = 1.0
     spm_model_type: str = "bpe"  # bpe | unigram | word (word: synthetic tasks)
     spm_input_sentence_size: int = 2_000_000
+    # Separate (joint_vocab: false) vocabularies may differ in size and model type, e.g.
+    # parsing: BPE over words on the source, whole-token ("word") on the tree side.
+    tgt_vocab_size: int | None = None
+    tgt_spm_model_type: str | None = None
     # Training-data filters (validation and test are never filtered).
     max_len: int = 256
     max_len_ratio: float = 9.0
@@ -180,6 +184,10 @@ class DataConfig:
             raise ConfigError(f"{prefix}.max_len_ratio: must be at least 1.0")
         _choice(prefix, "on_invalid_utf8", self.on_invalid_utf8, ("error", "replace", "skip"))
         _choice(prefix, "spm_model_type", self.spm_model_type, ("bpe", "unigram", "word"))
+        if self.tgt_spm_model_type is not None:
+            _choice(prefix, "tgt_spm_model_type", self.tgt_spm_model_type, ("bpe", "unigram", "word"))
+        if self.tgt_vocab_size is not None and self.tgt_vocab_size < 8:
+            raise ConfigError(f"{prefix}.tgt_vocab_size: must be at least 8, got {self.tgt_vocab_size}")
         if self.synthetic is not None:
             _choice(prefix, "synthetic", self.synthetic, ("copy", "reverse", "sort", "toy"))
 
