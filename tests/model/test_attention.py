@@ -1,0 +1,43 @@
+"""Scaled dot-product attention: fused and explicit paths agree; weights are a distribution."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from aiayn.model.attention import MultiHeadAttention, scaled_dot_product_attention
+
+
+def test_explicit_path_matches_formula_and_fused_kernel() -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 6, 8), torch.randn(2, 3, 6, 8)
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False
+    fused, none = scaled_dot_product_attention(q, k, v, mask)
+    explicit, w = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    assert none is None
+    assert torch.allclose(fused, explicit, atol=1e-6)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    assert torch.allclose(w, scores.softmax(-1), atol=1e-6)
+
+
+def test_weights_sum_to_one_and_zero_on_padding() -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, 4)
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    _, w = mha(x, memory, mask=mask, need_weights=True)
+    assert w.shape == (2, 4, 3, 5)
+    assert torch.allclose(w.sum(-1), torch.ones(2, 4, 3), atol=1e-6)
+    assert torch.all(w[1, :, :, 2:] == 0)
+
+
+def test_causal_explicit_equals_fused() -> None:
+    torch.manual_seed(0)
+    q = torch.randn(1, 2, 5, 4)
+    fused, _ = scaled_dot_product_attention(q, q, q, is_causal=True)
+    explicit, w = scaled_dot_product_attention(q, q, q, is_causal=True, need_weights=True)
+    assert torch.allclose(fused, explicit, atol=1e-6)
+    assert torch.all(w.triu(diagonal=1) == 0)

@@ -1,0 +1,117 @@
+"""Config: presets, YAML round trip, overrides, and one test per validation error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aiayn.config import (
+    Config,
+    apply_overrides,
+    dump_config,
+    load_config,
+    model_preset,
+    save_config,
+)
+from aiayn.errors import ConfigError
+
+
+def test_presets_match_paper_table() -> None:
+    base, big = model_preset("base"), model_preset("big")
+    assert (base.n_encoder_layers, base.d_model, base.d_ff, base.n_heads, base.head_dim, base.dropout) == (
+        6, 512, 2048, 8, 64, 0.1)
+    assert (big.n_encoder_layers, big.d_model, big.d_ff, big.n_heads, big.head_dim, big.dropout) == (
+        6, 1024, 4096, 16, 64, 0.3)
+    assert base.norm == "post" and base.positions == "sinusoidal" and base.share_embeddings == "all"
+    assert base.sinusoid_layout == "interleaved"
+
+
+def test_paper_defaults_in_train_and_decode() -> None:
+    cfg = Config()
+    assert cfg.train.adam_betas == (0.9, 0.98) and cfg.train.adam_eps == 1e-9
+    assert cfg.train.warmup_steps == 4000 and cfg.train.label_smoothing == 0.1
+    assert (cfg.decode.beam, cfg.decode.lenpen, cfg.decode.max_len_a, cfg.decode.max_len_b) == (4, 0.6, 1.0, 50)
+
+
+def test_yaml_round_trip(tmp_path: Path) -> None:
+    cfg = apply_overrides(Config(), ["model.n_heads=16", "model.d_head=32", "train.adam_betas=[0.9, 0.997]",
+                                     "data.dataset=multi30k", "model.positions=learned"])
+    path = tmp_path / "c.yaml"
+    save_config(cfg, path)
+    again = load_config(path)
+    assert again == cfg
+    assert dump_config(again) == dump_config(cfg)
+    assert again.train.adam_betas == (0.9, 0.997)
+
+
+def test_preset_key_in_yaml(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  preset: big\n  dropout: 0.1\n")
+    cfg = load_config(path, ["model.n_encoder_layers=4"])
+    assert cfg.model.d_model == 1024 and cfg.model.dropout == 0.1 and cfg.model.n_encoder_layers == 4
+
+
+def test_overrides_typed() -> None:
+    cfg = apply_overrides(Config(), ["train.max_steps=10", "train.lr=1e-3", "model.output_bias=true",
+                                     "model.d_head=null"])
+    assert cfg.train.max_steps == 10 and cfg.train.lr == pytest.approx(1e-3)
+    assert cfg.model.output_bias is True and cfg.model.d_head is None
+
+
+@pytest.mark.parametrize("override, field", [
+    ("model.n_heads=7", "model.n_heads"),            # d_model not divisible by heads
+    ("model.dropout=-0.1", "model.dropout"),          # negative dropout
+    ("model.attention_dropout=1.0", "model.attention_dropout"),
+    ("model.activation=tanh", "model.activation"),
+    ("model.positions=rotary", "model.positions"),
+    ("model.sinusoid_layout=shuffled", "model.sinusoid_layout"),
+    ("model.norm=sandwich", "model.norm"),
+    ("model.share_embeddings=some", "model.share_embeddings"),
+    ("model.d_model=0", "model.d_model"),
+    ("model.n_decoder_layers=0", "model.n_decoder_layers"),
+    ("model.d_head=-2", "model.d_head"),
+    ("model.pad_id=40000", "model.pad_id"),
+    ("model.tgt_vocab_size=100", "model.share_embeddings"),   # 'all' needs one vocabulary
+    ("model.d_model=abc", "model.d_model"),           # wrong type
+    ("model.n_head=8", "model.n_head"),               # unknown key
+    ("train.dtype=fp8", "train.dtype"),
+    ("train.label_smoothing=1.5", "train.label_smoothing"),
+    ("train.max_tokens=0", "train.max_tokens"),
+    ("train.adam_betas=[0.9]", "train.adam_betas"),
+    ("train.lr_schedule=cosine", "train.lr_schedule"),
+    ("decode.beam=0", "decode.beam"),
+    ("decode.nbest=5", "decode.nbest"),
+    ("decode.lenpen_style=marian", "decode.lenpen_style"),
+    ("data.on_invalid_utf8=ignore", "data.on_invalid_utf8"),
+    ("data.vocab_size=2", "data.vocab_size"),
+])
+def test_validation_errors_name_the_field(override: str, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        apply_overrides(Config(), [override])
+
+
+def test_unknown_key_suggests(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  n_head: 8\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: model\.n_head: unknown field \(did you mean 'n_heads'\?\)"):
+        load_config(path)
+
+
+def test_unknown_section_and_bad_files(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("modle:\n  d_model: 8\n")
+    with pytest.raises(ConfigError, match="modle: unknown field"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    path.write_text("model: [1, 2\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="section.field=value"):
+        apply_overrides(Config(), ["train.max_steps"])
+
+
+def test_explicit_head_dim_allows_any_heads() -> None:
+    cfg = apply_overrides(Config(), ["model.n_heads=7", "model.d_head=32"])
+    assert cfg.model.head_dim == 32
