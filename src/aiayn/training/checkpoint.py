@@ -1,0 +1,607 @@
+"""Checkpoints: one directory each, written atomically, verified on load, never pickled.
+
+Layout of a checkpoint directory::
+
+    step_000100/
+      model.safetensors      weights; tied matrices stored once (aliases in the metadata);
+                             names without `module.` / `_orig_mod.` prefixes
+      config.yaml            the whole experiment (model, data/tokenizer, train, decode)
+      state.json             step, epoch, data-iterator position, RNG states, best metric,
+                             format version ... (whatever the trainer passes, plus versions)
+      optimizer.safetensors  optimizer tensors (Adam moments, step counts)   [optional]
+      optimizer.json         optimizer scalars and param groups                [optional]
+      tokenizer/             the SentencePiece model(s)                        [optional]
+      checksums.sha256       SHA-256 of every other file (`sha256sum -c` format)
+
+A run directory keeps its checkpoints in ``RUN/checkpoints/``; the text file
+``RUN/checkpoints/last`` names the newest complete one and ``RUN/checkpoints/best`` the best
+by the validation metric. :func:`resolve_checkpoint` accepts a checkpoint directory, a run
+directory, a ``checkpoints`` directory or one of those pointer files.
+
+Atomicity: everything is written into ``checkpoints/.tmp-<name>-<pid>``, fsynced, then
+renamed to ``<name>``; the ``last`` pointer is replaced (write, fsync, rename) only after
+that. A process killed at any moment leaves either the previous checkpoint as ``last`` or
+the new one, complete; stale temporary directories are ignored and cleaned later.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from aiayn.config import Config, dump_config, load_config
+from aiayn.errors import AiaynError, CheckpointError
+
+if TYPE_CHECKING:
+    from aiayn.model import Transformer
+    from aiayn.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.yaml"
+STATE_FILE = "state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_JSON = "optimizer.json"
+TOKENIZER_DIR = "tokenizer"
+MANIFEST_FILE = "checksums.sha256"
+CHECKPOINTS_DIR = "checkpoints"
+LAST_POINTER = "last"
+BEST_POINTER = "best"
+REQUIRED_FILES = (MODEL_FILE, CONFIG_FILE, STATE_FILE)
+_TMP_PREFIX = ".tmp-"
+_PREFIXES = ("module.", "_orig_mod.")
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+# ------------------------------------------------------------------- file helpers
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes renames/creations inside `path` durable. Not possible on every platform.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------- model weights
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside DistributedDataParallel and/or torch.compile wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _strip_prefixes(name: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                changed = True
+    return name
+
+
+def model_tensors(model: nn.Module) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """CPU tensors to save, each storage once, and ``alias -> saved name`` for tied ones."""
+    tensors: dict[str, Tensor] = {}
+    aliases: dict[str, str] = {}
+    seen: dict[tuple, str] = {}
+    for raw_name, t in unwrap_model(model).state_dict().items():
+        name = _strip_prefixes(raw_name)
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               tuple(t.stride()), t.dtype)
+        if key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = t.detach().to("cpu").contiguous()
+    return tensors, aliases
+
+
+def save_model_weights(model: nn.Module, path: str | Path) -> None:
+    tensors, aliases = model_tensors(model)
+    metadata = {"format": "pt", "aiayn_format_version": str(FORMAT_VERSION),
+                "aliases": json.dumps(aliases, sort_keys=True)}
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def read_model_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Tensor]:
+    """All weight names (aliases included, sharing one tensor) from a model.safetensors."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            metadata = f.metadata() or {}
+        tensors = load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot read weights: {exc}") from None
+    try:
+        aliases = json.loads(metadata.get("aliases", "{}"))
+    except json.JSONDecodeError:
+        raise CheckpointError(f"{path}: corrupt 'aliases' metadata") from None
+    for alias, target in aliases.items():
+        if target not in tensors:
+            raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}")
+        tensors[alias] = tensors[target]
+    return {_strip_prefixes(k): v for k, v in tensors.items()}
+
+
+def load_model_weights(model: nn.Module, path: str | Path) -> None:
+    """Load a model.safetensors into ``model`` (strict: every name must match)."""
+    model = unwrap_model(model)
+    tensors = read_model_weights(path)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    unexpected = sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not match the model built from the config "
+            f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; "
+            f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})")
+    for name, t in tensors.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, the config "
+                                  f"gives {tuple(expected[name].shape)}")
+    model.load_state_dict(tensors, strict=True)
+
+
+# ------------------------------------------------------------------------- optimizer
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, Tensor):
+        return value.item()
+    return value
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer | dict, directory: Path) -> None:
+    """Optimizer tensors to optimizer.safetensors, everything else to optimizer.json."""
+    sd = optimizer.state_dict() if not isinstance(optimizer, dict) else optimizer
+    tensors: dict[str, Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for pid, pstate in sd["state"].items():
+        for key, value in pstate.items():
+            if isinstance(value, Tensor):
+                tensors[f"state.{pid}.{key}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars.setdefault(str(pid), {})[key] = _jsonable(value)
+    meta = {"format_version": FORMAT_VERSION, "param_groups": _jsonable(sd["param_groups"]),
+            "scalars": scalars, "param_ids": [str(p) for p in sd["state"]]}
+    save_file(tensors, str(directory / OPTIMIZER_FILE), metadata={"format": "pt"})
+    (directory / OPTIMIZER_JSON).write_text(json.dumps(meta, indent=1), encoding="utf-8")
+
+
+def load_optimizer_state(directory: str | Path) -> dict[str, Any]:
+    """An optimizer state dict (tensors on CPU) for ``optimizer.load_state_dict``."""
+    directory = Path(directory)
+    if not (directory / OPTIMIZER_FILE).is_file() or not (directory / OPTIMIZER_JSON).is_file():
+        raise CheckpointError(f"{directory}: no optimizer state in this checkpoint "
+                              f"({OPTIMIZER_FILE} / {OPTIMIZER_JSON} missing)")
+    try:
+        meta = json.loads((directory / OPTIMIZER_JSON).read_text(encoding="utf-8"))
+        tensors = load_file(str(directory / OPTIMIZER_FILE))
+    except (json.JSONDecodeError, SafetensorError, OSError) as exc:
+        raise CheckpointError(f"{directory}: cannot read the optimizer state: {exc}") from None
+    state: dict[int, dict[str, Any]] = {int(p): {} for p in meta.get("param_ids", [])}
+    for name, t in tensors.items():
+        _, pid, key = name.split(".", 2)
+        state.setdefault(int(pid), {})[key] = t
+    for pid, values in meta.get("scalars", {}).items():
+        state.setdefault(int(pid), {}).update(values)
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    return {"state": state, "param_groups": groups}
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load ``state`` but keep this optimizer's kernel choice (fused/foreach), which
+    depends on the device it now runs on, not the one that saved it."""
+    keep = ("fused", "foreach", "capturable", "differentiable")
+    groups = []
+    for saved, current in zip(state["param_groups"], optimizer.param_groups):
+        g = dict(saved)
+        for k in keep:
+            if k in current:
+                g[k] = current[k]
+        groups.append(g)
+    if len(state["param_groups"]) != len(optimizer.param_groups):
+        raise CheckpointError("optimizer state has a different number of parameter groups")
+    try:
+        optimizer.load_state_dict({"state": state["state"], "param_groups": groups})
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"optimizer state does not fit this model: {exc}") from None
+
+
+# ------------------------------------------------------------------------------ RNG
+
+
+def _b64(t: Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Python, NumPy and torch (CPU and CUDA) generator states as JSON-safe values."""
+    py = random.getstate()
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": {"kind": np_state[0], "key": np_state[1].tolist(), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], np.asarray(n["key"], dtype=np.uint32), n["pos"],
+                         n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(_unb64(state["torch"]))
+    if "cuda" in state and torch.cuda.is_available():
+        states = [_unb64(s) for s in state["cuda"]]
+        if len(states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(states)
+        else:
+            log.warning("checkpoint has %d CUDA RNG states, this machine %d GPUs: not restored",
+                        len(states), torch.cuda.device_count())
+
+
+# -------------------------------------------------------------------- save / load
+
+
+def save_checkpoint(
+    path: str | Path,
+    model: nn.Module,
+    cfg: Config,
+    tokenizer: Tokenizer | str | Path | None = None,
+    state: dict[str, Any] | None = None,
+    optimizer: torch.optim.Optimizer | dict | None = None,
+) -> Path:
+    """Write a checkpoint directory at ``path`` atomically; returns ``path``.
+
+    ``tokenizer`` is a :class:`~aiayn.text.tokenizer.Tokenizer` (saved with its ``save``)
+    or a directory whose files are copied (e.g. another checkpoint's ``tokenizer/``).
+    ``state`` must be JSON-serialisable; the format version and library versions are
+    added. An existing directory at ``path`` is replaced only once the new one is complete.
+    """
+    path = Path(path)
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = parent / f"{_TMP_PREFIX}{path.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        save_model_weights(model, tmp / MODEL_FILE)
+        (tmp / CONFIG_FILE).write_text(dump_config(cfg), encoding="utf-8")
+        full_state = dict(state or {})
+        full_state.update(format_version=FORMAT_VERSION, torch_version=torch.__version__,
+                          saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=1), encoding="utf-8")
+        if optimizer is not None:
+            save_optimizer(optimizer, tmp)
+        if tokenizer is not None:
+            tok_dir = tmp / TOKENIZER_DIR
+            if isinstance(tokenizer, (str, Path)):
+                shutil.copytree(tokenizer, tok_dir)
+            else:
+                tok_dir.mkdir()
+                tokenizer.save(tok_dir)
+        lines = [f"{_sha256(f)}  {f.relative_to(tmp).as_posix()}" for f in _files(tmp)]
+        (tmp / MANIFEST_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        for f in _files(tmp):
+            _fsync_file(f)
+        for d in sorted({f.parent for f in _files(tmp)}):
+            _fsync_dir(d)
+        if path.exists():
+            # Re-saving a step (e.g. a resumed run passing a step that a killed run had
+            # already written): move the old one aside, then swap in the new one.
+            trash = parent / f"{_TMP_PREFIX}old-{path.name}-{os.getpid()}"
+            os.replace(path, trash)
+            os.replace(tmp, path)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Check that the checkpoint is complete and every file matches its checksum."""
+    path = Path(path)
+    manifest = path / MANIFEST_FILE
+    if not manifest.is_file():
+        raise CheckpointError(f"{path}: incomplete checkpoint ({MANIFEST_FILE} missing); "
+                              "it was probably interrupted while being written")
+    listed: dict[str, str] = {}
+    for lineno, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64:
+            raise CheckpointError(f"{manifest}:{lineno}: malformed line {line!r}")
+        listed[name] = digest
+    for name in REQUIRED_FILES:
+        if name not in listed:
+            raise CheckpointError(f"{path}: {name} is not listed in {MANIFEST_FILE}")
+    for name, digest in listed.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing (listed in {manifest})")
+        actual = _sha256(f)
+        if actual != digest:
+            raise CheckpointError(
+                f"{f}: checksum mismatch (expected sha256 {digest[:12]}..., got {actual[:12]}...); "
+                "the file is corrupted or was modified: use another checkpoint")
+
+
+def is_checkpoint_dir(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST_FILE).is_file() and (path / MODEL_FILE).is_file()
+
+
+def _read_pointer(pointer: Path) -> Path:
+    name = pointer.read_text(encoding="utf-8").strip()
+    target = pointer.parent / name
+    if not name or not target.is_dir():
+        raise CheckpointError(f"{pointer}: points to {name!r}, which does not exist")
+    return target
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory from what a user may pass.
+
+    * a checkpoint directory (has ``model.safetensors``) -> itself;
+    * a pointer file (``RUN/checkpoints/last`` or ``.../best``) -> the directory it names;
+    * a ``checkpoints`` directory -> the one its ``last`` names;
+    * a run directory -> the one ``RUN/checkpoints/last`` names.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"{p}: no such checkpoint or run directory")
+    if p.is_file():
+        if p.name in (LAST_POINTER, BEST_POINTER):
+            return _read_pointer(p)
+        raise CheckpointError(f"{p}: expected a checkpoint directory, a run directory or a "
+                              "last/best pointer file")
+    if (p / MODEL_FILE).is_file():
+        return p
+    if (p / LAST_POINTER).is_file():
+        return _read_pointer(p / LAST_POINTER)
+    if (p / CHECKPOINTS_DIR / LAST_POINTER).is_file():
+        return _read_pointer(p / CHECKPOINTS_DIR / LAST_POINTER)
+    raise CheckpointError(
+        f"{p}: no checkpoint found (expected a checkpoint directory with {MODEL_FILE}, or a run "
+        f"directory with {CHECKPOINTS_DIR}/{LAST_POINTER})")
+
+
+def read_state(path: str | Path) -> dict[str, Any]:
+    f = Path(path) / STATE_FILE
+    try:
+        state = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{f}: cannot read: {exc}") from None
+    version = state.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"{f}: checkpoint format version {version!r} is not supported by "
+                              f"this aiayn (knows up to {FORMAT_VERSION})")
+    return state
+
+
+def load_checkpoint_config(path: str | Path) -> Config:
+    f = Path(path) / CONFIG_FILE
+    try:
+        return load_config(f)
+    except AiaynError as exc:
+        raise CheckpointError(f"{exc}") from None
+
+
+def load_tokenizer_dir(directory: Path) -> Tokenizer | None:
+    if not directory.is_dir():
+        return None
+    try:
+        from aiayn.text.tokenizer import Tokenizer
+    except ImportError:  # pragma: no cover - the text package is part of aiayn
+        log.warning("aiayn.text.tokenizer not available: %s not loaded", directory)
+        return None
+    return Tokenizer.load(directory)
+
+
+@dataclass
+class LoadedCheckpoint:
+    model: Transformer  # in eval mode, on the requested device
+    config: Config
+    tokenizer: Tokenizer | None
+    state: dict[str, Any]
+    path: Path
+    # optimizer.load_state_dict-ready dict, when load_checkpoint(load_optimizer=True).
+    optimizer_state: dict[str, Any] | None = None
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
+                    load_optimizer: bool = False, verify: bool = True) -> LoadedCheckpoint:
+    """Verify checksums, rebuild the model from config.yaml and load its weights.
+
+    ``path`` is anything :func:`resolve_checkpoint` accepts. Nothing is unpickled.
+    """
+    from aiayn.model import build_model
+
+    ckpt = resolve_checkpoint(path)
+    if verify:
+        verify_checkpoint(ckpt)
+    cfg = load_checkpoint_config(ckpt)
+    state = read_state(ckpt)
+    model = build_model(cfg.model)
+    load_model_weights(model, ckpt / MODEL_FILE)
+    model.to(device).eval()
+    tokenizer = load_tokenizer_dir(ckpt / TOKENIZER_DIR)
+    opt = load_optimizer_state(ckpt) if load_optimizer else None
+    return LoadedCheckpoint(model=model, config=cfg, tokenizer=tokenizer, state=state,
+                            path=ckpt, optimizer_state=opt)
+
+
+# ------------------------------------------------------------- run-directory manager
+
+
+def checkpoint_step(path: Path) -> int | None:
+    m = _STEP_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
+def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
+    """Complete ``step_*`` checkpoints in a checkpoints directory, oldest first."""
+    d = Path(checkpoints_dir)
+    if not d.is_dir():
+        return []
+    found = [p for p in d.iterdir() if checkpoint_step(p) is not None and is_checkpoint_dir(p)]
+    return sorted(found, key=lambda p: checkpoint_step(p) or 0)
+
+
+class CheckpointManager:
+    """Step-named checkpoints in ``RUN/checkpoints``: `last`/`best` pointers, rotation.
+
+    Keeps the newest ``keep_last`` step checkpoints (0 keeps all) plus the one ``best``
+    names. Only the process that writes (rank 0) should create one.
+    """
+
+    def __init__(self, run_dir: str | Path, keep_last: int = 5) -> None:
+        self.dir = Path(run_dir) / CHECKPOINTS_DIR
+        self.keep_last = keep_last
+
+    def name(self, step: int) -> str:
+        return f"step_{step:06d}"
+
+    def last(self) -> Path | None:
+        pointer = self.dir / LAST_POINTER
+        return _read_pointer(pointer) if pointer.is_file() else None
+
+    def best(self) -> Path | None:
+        pointer = self.dir / BEST_POINTER
+        if not pointer.is_file():
+            return None
+        try:
+            return _read_pointer(pointer)
+        except CheckpointError:
+            return None
+
+    def clean_incomplete(self) -> None:
+        """Remove temporary directories left by a process killed while saving."""
+        if not self.dir.is_dir():
+            return
+        for p in self.dir.iterdir():
+            if p.name.startswith(_TMP_PREFIX):
+                log.info("removing incomplete checkpoint %s", p)
+                if p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
+
+    def save(self, step: int, model: nn.Module, cfg: Config, tokenizer: Any = None,
+             state: dict[str, Any] | None = None, optimizer: Any = None,
+             is_best: bool = False) -> Path:
+        path = save_checkpoint(self.dir / self.name(step), model, cfg, tokenizer, state, optimizer)
+        _write_text_atomic(self.dir / LAST_POINTER, path.name + "\n")
+        if is_best:
+            _write_text_atomic(self.dir / BEST_POINTER, path.name + "\n")
+        self.prune()
+        return path
+
+    def mark_best(self, path: Path) -> None:
+        _write_text_atomic(self.dir / BEST_POINTER, path.name + "\n")
+
+    def prune(self) -> None:
+        if self.keep_last <= 0:
+            return
+        last, best = self.last(), self.best()
+        keep = {p.name for p in (last, best) if p is not None}
+        ckpts = list_checkpoints(self.dir)
+        if last is not None:
+            # Checkpoints newer than `last` come from a killed run that a resumed run will
+            # overwrite; they do not count towards the window of the newest K.
+            last_step = checkpoint_step(last)
+            if last_step is not None:
+                keep.update(p.name for p in ckpts if (checkpoint_step(p) or 0) > last_step)
+                ckpts = [p for p in ckpts if (checkpoint_step(p) or 0) <= last_step]
+        keep.update(p.name for p in ckpts[-self.keep_last:])
+        for p in ckpts:
+            if p.name not in keep:
+                log.debug("removing old checkpoint %s", p)
+                shutil.rmtree(p, ignore_errors=True)
