@@ -1,0 +1,304 @@
+"""Binarized splits: token ids encoded once, stored as flat numpy arrays, memory-mapped.
+
+A split directory holds, for each side, all sentences' ids concatenated in one array
+(``src.ids.npy``, ``tgt.ids.npy``; uint16 when the vocabulary fits, else int32) and the
+start offsets (``*.offsets.npy``, int64, n + 1 entries), plus ``meta.json``. Loading maps
+the arrays (``mmap_mode="r"``), so a 4.5M-pair corpus costs no RAM until batches touch it.
+
+Caching: ``meta.json`` records a key, a hash of everything the ids depend on (the input
+files' contents, the tokenizer model bytes, the filter settings, the format version).
+:func:`binarize_cached` rebuilds when the key differs and reuses the directory when it
+matches; it also stores the kept/dropped counts so a reused cache still reports them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aiayn.data.corpus import FilterConfig, drop_reason
+from aiayn.errors import DataError
+from aiayn.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+META = "meta.json"
+# Sentences encoded per SentencePiece call: big enough for its threads, small enough for RAM.
+CHUNK = 50_000
+
+
+class TokenDataset:
+    """Memory-mapped (source ids incl. EOS, target ids without BOS/EOS) pairs."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        meta_path = self.directory / META
+        if not meta_path.is_file():
+            raise DataError(f"{self.directory}: not a binarized split (no {META}); run `aiayn prepare`")
+        try:
+            self.meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{meta_path}: unreadable ({exc})") from None
+        if self.meta.get("format_version") != FORMAT_VERSION:
+            raise DataError(f"{meta_path}: format version {self.meta.get('format_version')} "
+                            f"is not {FORMAT_VERSION}; prepare the data again")
+        try:
+            self._src = np.load(self.directory / "src.ids.npy", mmap_mode="r")
+            self._tgt = np.load(self.directory / "tgt.ids.npy", mmap_mode="r")
+            # Offsets are small (8 bytes a sentence): read them fully for fast slicing.
+            self._src_off = np.load(self.directory / "src.offsets.npy")
+            self._tgt_off = np.load(self.directory / "tgt.offsets.npy")
+        except (OSError, ValueError) as exc:
+            raise DataError(f"{self.directory}: damaged binarized split ({exc}); prepare again") from None
+        n = int(self.meta["pairs"])
+        if len(self._src_off) != n + 1 or len(self._tgt_off) != n + 1:
+            raise DataError(f"{self.directory}: offsets do not match {n} pairs; prepare again")
+        self.src_sizes: np.ndarray = np.diff(self._src_off).astype(np.int64)
+        self.tgt_sizes: np.ndarray = np.diff(self._tgt_off).astype(np.int64)
+
+    def __len__(self) -> int:
+        return len(self.src_sizes)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if not -len(self) <= i < len(self):
+            raise IndexError(i)
+        i = int(i) % len(self)
+        src = np.array(self._src[self._src_off[i]:self._src_off[i + 1]], dtype=np.int64)
+        tgt = np.array(self._tgt[self._tgt_off[i]:self._tgt_off[i + 1]], dtype=np.int64)
+        return src, tgt
+
+    @property
+    def key(self) -> str:
+        return str(self.meta.get("key", ""))
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """``{"pairs": kept, "dropped": {reason: n}, "src_tokens", "tgt_tokens"}``."""
+        return {k: self.meta[k] for k in ("pairs", "dropped", "src_tokens", "tgt_tokens")}
+
+    @property
+    def kept_lines(self) -> np.ndarray:
+        """Line number (0-based) in the input of each kept pair."""
+        path = self.directory / "lines.npy"
+        return np.load(path) if path.is_file() else np.arange(len(self))
+
+
+@dataclass
+class BinarizeStats:
+    pairs: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
+    """Hex digest of a file's bytes (1 MiB reads)."""
+    h = hashlib.new(algorithm)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    return h.hexdigest()
+
+
+def cache_key(inputs: Sequence[str | os.PathLike | bytes], tokenizer: Tokenizer | None,
+              filters: FilterConfig | None, **extra: Any) -> str:
+    """A hash of what binarized ids depend on.
+
+    ``inputs``: files (``Path``: hashed by content) and/or strings/bytes naming other
+    sources (e.g. a synthetic task's parameters, or a known checksum). Changing any of them,
+    the tokenizer or the filters changes the key.
+    """
+    h = hashlib.sha256()
+    h.update(f"aiayn-binarize-v{FORMAT_VERSION}".encode())
+    for item in inputs:
+        if isinstance(item, bytes):
+            h.update(b"b:" + hashlib.sha256(item).digest())
+        elif isinstance(item, os.PathLike):
+            h.update(b"f:" + file_digest(item).encode())
+        else:
+            h.update(b"s:" + str(item).encode())
+    if tokenizer is not None:
+        for blob in tokenizer.model_bytes():
+            h.update(b"t:" + hashlib.sha256(blob).digest())
+    h.update(json.dumps(asdict(filters) if filters else None, sort_keys=True).encode())
+    h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def binarize(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, out_dir: str | os.PathLike,
+             filters: FilterConfig | None = None, key: str = "",
+             pre_dropped: dict[str, int] | None = None) -> TokenDataset:
+    """Encode ``pairs`` and write a split directory atomically; return it loaded.
+
+    With ``filters`` (training data), pairs that are empty, too long or too unbalanced are
+    dropped and counted by reason; without (validation/test), every pair is kept.
+    ``pre_dropped`` adds counts of pairs dropped before encoding (e.g. invalid UTF-8).
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    dtype = np.uint16 if max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) <= 65535 else np.int32
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        stats = _write_split(pairs, tokenizer, tmp, dtype, filters)
+        dropped = Counter(pre_dropped or {})
+        dropped.update(stats.dropped)
+        meta = {
+            "format_version": FORMAT_VERSION, "key": key, "pairs": stats.pairs,
+            "dropped": {k: int(v) for k, v in sorted(dropped.items())},
+            "src_tokens": stats.src_tokens, "tgt_tokens": stats.tgt_tokens,
+            "dtype": np.dtype(dtype).name, "filters": asdict(filters) if filters else None,
+        }
+        (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return TokenDataset(out_dir)
+
+
+def binarize_cached(make_pairs: Callable[[], Iterable[tuple[str, str]]], tokenizer: Tokenizer,
+                    out_dir: str | os.PathLike, key: str, filters: FilterConfig | None = None,
+                    pre_dropped: Callable[[], dict[str, int]] | None = None) -> tuple[TokenDataset, bool]:
+    """Reuse ``out_dir`` if its recorded key is ``key``; else build it. Returns (dataset, reused)."""
+    out_dir = Path(out_dir)
+    existing = read_key(out_dir)
+    if existing == key:
+        try:
+            ds = TokenDataset(out_dir)
+            log.info("%s: reusing binarized cache (key %s)", out_dir, key[:12])
+            return ds, True
+        except DataError as exc:
+            log.warning("%s; rebuilding", exc)
+    pairs = make_pairs()
+    return binarize(pairs, tokenizer, out_dir, filters, key,
+                    pre_dropped() if pre_dropped else None), False
+
+
+def binarize_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike, tokenizer: Tokenizer,
+                   out_dir: str | os.PathLike, filters: FilterConfig | None = None,
+                   on_invalid_utf8: str = "error") -> tuple[TokenDataset, bool]:
+    """Binarize a line-aligned file pair into ``out_dir``, reusing it when nothing changed."""
+    from aiayn.data.corpus import read_parallel
+
+    src_path, tgt_path = Path(src_path), Path(tgt_path)
+    key = cache_key([src_path, tgt_path], tokenizer, filters, on_invalid_utf8=on_invalid_utf8)
+    holder: dict[str, Any] = {}
+
+    def make() -> Iterable[tuple[str, str]]:
+        corpus = read_parallel(src_path, tgt_path, on_invalid_utf8=on_invalid_utf8, drop_invalid=True)
+        holder["dropped"] = corpus.dropped
+        return corpus.pairs
+
+    return binarize_cached(make, tokenizer, out_dir, key, filters, lambda: holder.get("dropped", {}))
+
+
+def read_key(directory: Path) -> str | None:
+    try:
+        return json.loads((directory / META).read_text(encoding="utf-8")).get("key")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write_split(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, tmp: Path, dtype: Any,
+                 filters: FilterConfig | None) -> BinarizeStats:
+    stats = BinarizeStats()
+    dropped: Counter[str] = Counter()
+    src_f = open(tmp / "src.raw", "wb")
+    tgt_f = open(tmp / "tgt.raw", "wb")
+    src_lens: list[np.ndarray] = []
+    tgt_lens: list[np.ndarray] = []
+    lines: list[np.ndarray] = []
+    line_no = 0
+    try:
+        for chunk in _chunks(pairs, CHUNK):
+            src_ids = tokenizer.encode_src_batch([s for s, _ in chunk])
+            tgt_ids = tokenizer.encode_tgt_batch([t for _, t in chunk])
+            keep_s: list[list[int]] = []
+            keep_t: list[list[int]] = []
+            keep_lines: list[int] = []
+            for j, (x, y) in enumerate(zip(src_ids, tgt_ids)):
+                if filters is not None:
+                    # Source length without its EOS: both sides counted in pieces.
+                    reason = drop_reason(len(x) - 1, len(y), filters)
+                    if reason is not None:
+                        dropped[reason] += 1
+                        continue
+                keep_s.append(x)
+                keep_t.append(y)
+                keep_lines.append(line_no + j)
+            line_no += len(chunk)
+            if keep_s:
+                flat_s = np.fromiter(itertools.chain.from_iterable(keep_s), dtype=dtype)
+                flat_t = np.fromiter(itertools.chain.from_iterable(keep_t), dtype=dtype)
+                src_f.write(flat_s.tobytes())
+                tgt_f.write(flat_t.tobytes())
+                src_lens.append(np.fromiter((len(ids) for ids in keep_s), dtype=np.int64, count=len(keep_s)))
+                tgt_lens.append(np.fromiter((len(ids) for ids in keep_t), dtype=np.int64, count=len(keep_t)))
+                lines.append(np.asarray(keep_lines, dtype=np.int64))
+    finally:
+        src_f.close()
+        tgt_f.close()
+    for side, lens in (("src", src_lens), ("tgt", tgt_lens)):
+        sizes = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        np.save(tmp / f"{side}.offsets.npy", offsets)
+        ids = np.fromfile(tmp / f"{side}.raw", dtype=dtype)
+        np.save(tmp / f"{side}.ids.npy", ids)
+        (tmp / f"{side}.raw").unlink()
+        if side == "src":
+            stats.src_tokens = int(offsets[-1])
+            stats.pairs = len(sizes)
+        else:
+            stats.tgt_tokens = int(offsets[-1])
+    np.save(tmp / "lines.npy", np.concatenate(lines) if lines else np.zeros(0, dtype=np.int64))
+    stats.dropped = dict(dropped)
+    return stats
+
+
+def _chunks(items: Iterable[tuple[str, str]], size: int) -> Iterable[list[tuple[str, str]]]:
+    chunk: list[tuple[str, str]] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Move a finished directory into place; an older version is removed only afterwards."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(out_dir, old)
+    os.replace(tmp, out_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
