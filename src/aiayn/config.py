@@ -235,6 +235,15 @@ class TrainConfig:
     max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
     tensorboard: bool = False
     num_workers: int = 0
+    # Adam kernels: auto (fused on CUDA, foreach on CPU) | fused | foreach | loop.
+    optimizer_impl: str = "auto"
+    # Keep the checkpoint with the best validation metric beside the last keep_last.
+    keep_best: bool = True
+    # Initialise the weights of a fresh run from this checkpoint (or run directory),
+    # e.g. one imported from Hugging Face; the optimizer and step start fresh.
+    init_from: str | None = None
+    # tqdm progress bar on an interactive terminal (log lines go to the log either way).
+    progress_bar: bool = True
 
     def validate(self, prefix: str = "train") -> None:
         _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16"))
@@ -242,6 +251,7 @@ class TrainConfig:
         _choice(prefix, "optimizer", self.optimizer, ("adam", "adamw"))
         _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant"))
         _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
+        _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
         for name in ("max_tokens", "update_freq"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
