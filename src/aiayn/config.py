@@ -148,6 +148,15 @@ class DataConfig:
     valid_tgt: str | None = None
     test_src: str | None = None
     test_tgt: str | None = None
+    # One two-column file (source<TAB>target) instead of a file pair; per split.
+    train_tsv: str | None = None
+    valid_tsv: str | None = None
+    test_tsv: str | None = None
+    # Where downloaded (not mirrored) corpus files and extracted archive members are kept;
+    # None: $AIAYN_CACHE_DIR or ~/.cache/aiayn/datasets.
+    download_dir: str | None = None
+    # Seeds synthetic-task generation and SentencePiece's sentence sampling.
+    seed: int = 1
     valid_split: str = "val"
     test_split: str = "test_2016_flickr"
     # Built-in synthetic task (copy | reverse | sort | toy): used when dataset is None
