@@ -1,0 +1,517 @@
+"""Penn Treebank trees for constituency parsing as sequence-to-sequence (paper, section 6.2).
+
+Parsing is "translated" like any other task: the source is the sentence's words, the
+target is the tree linearized into tokens, and a predicted target is turned back into a
+tree over the source words for scoring with EVALB (:mod:`aiayn.evaluation.parsing`).
+
+Conventions
+-----------
+Reading (:func:`read_trees`, :func:`parse_tree`): any bracketed text, several trees per
+file, each tree over any number of lines (the ``.mrg`` format), or one tree per line.
+Trees are read as they are; errors name the file and line.
+
+Cleaning (:func:`clean_tree`), as parsing work on the WSJ does (Collins 1997 onwards):
+
+- preterminals tagged ``-NONE-`` (traces, empty elements) are removed, and so is every
+  constituent left with no words;
+- function tags and indices are stripped: ``NP-SBJ-1`` -> ``NP``, ``PP-LOC=2`` -> ``PP``,
+  ``S-TPC-1`` -> ``S``; labels that start with ``-`` (``-LRB-``, ``-RRB-``) are kept
+  whole; an ambiguous label ``ADVP|PRT`` keeps its first alternative (``ADVP``);
+- the unlabeled outer bracket of ``.mrg`` files, ``( (S ...) )``, or a ``TOP`` root, is
+  removed when it holds exactly one constituent; otherwise it becomes ``TOP`` (which EVALB
+  ignores), so a cleaned tree always has one labeled root;
+- POS tags and words are kept (EVALB needs the gold POS tags to find punctuation);
+  unary chains such as ``(NP (NP ...))`` are kept as they are.
+
+Linearization (:func:`linearize`), as Vinyals et al. (2015) "Grammar as a Foreign
+Language": an opening token ``(LABEL`` and a closing token ``)LABEL`` for every
+constituent, and one placeholder ``XX`` for every word, so the target carries structure
+only (no words, no POS tags)::
+
+    (S (NP (NNP Ms.) (NNP Haag)) (VP (VBZ plays) (NP (NNP Elianti))) (. .))
+    -> (S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S
+
+Rebuilding (:func:`rebuild`) puts the input words (and POS tags if given, else ``XX``)
+back at the placeholders. Model output can be malformed; it is repaired deterministically
+so the result is always one tree whose leaves are exactly the input words, in order:
+
+- a closing token closes the innermost open constituent whatever label it carries;
+  a closing token with nothing open is dropped;
+- an opening token without a usable label (empty, or holding a bracket), or with a
+  label outside ``labels`` when that set is given, still opens a bracket (so the
+  closers keep pairing up as the model meant) but the bracket is dissolved afterwards:
+  its children move into its parent;
+- placeholders beyond the number of words are dropped; words the output did not place
+  are appended, in order, as the last children of the root;
+- tokens that are none of the above (``<unk>``, a bare label) are dropped;
+- brackets left open at the end are closed; constituents with no words are removed;
+- if the result is not a single constituent (several top-level pieces, or only words),
+  the pieces are wrapped in a ``TOP`` root, which EVALB does not count.
+
+:func:`prepare_parsing` writes the project's split of the Penn Treebank sample as
+parallel text: ``{role}.src.txt`` (words), ``{role}.tgt.txt`` (linearized tree) and
+``{role}.gold.txt`` (cleaned trees with POS tags, one per line, for EVALB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiayn.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+PLACEHOLDER = "XX"
+"""The target token standing for one word (and its POS tag), as in Vinyals et al."""
+
+TRACE_TAG = "-NONE-"
+"""POS tag of empty elements (traces, null complementizers): not words of the sentence."""
+
+ROOT_WRAPPERS = frozenset({"", "TOP"})
+"""Root labels that only wrap the real tree: the ``.mrg`` outer bracket and EVALB's TOP."""
+
+FALLBACK_ROOT = "TOP"
+"""Root label added when a tree has no single root; EVALB's COLLINS.prm deletes it."""
+
+DEFAULT_SPLITS: dict[str, tuple[int, int]] = {
+    "train": (1, 159),
+    "valid": (160, 179),
+    "test": (180, 199),
+}
+"""The project's split of the NLTK 10% WSJ sample, as inclusive wsj_NNNN file numbers."""
+
+
+@dataclass
+class Tree:
+    """A constituency tree node.
+
+    A preterminal has a POS ``label``, a ``word`` and no children; any other node has a
+    phrase ``label``, ``word is None`` and at least one child in a well-formed tree.
+    """
+
+    label: str
+    children: list[Tree] = field(default_factory=list)
+    word: str | None = None
+
+    @property
+    def is_preterminal(self) -> bool:
+        return self.word is not None
+
+    def preterminals(self) -> list[Tree]:
+        """The preterminals left to right (iterative: predicted trees may be deep)."""
+        out: list[Tree] = []
+        stack: list[Tree] = [self]
+        while stack:
+            node = stack.pop()
+            if node.is_preterminal:
+                out.append(node)
+            else:
+                stack.extend(reversed(node.children))
+        return out
+
+    def leaves(self) -> list[str]:
+        """The words, left to right."""
+        return [p.word for p in self.preterminals() if p.word is not None]
+
+    def tags(self) -> list[str]:
+        """The POS tags, left to right."""
+        return [p.label for p in self.preterminals()]
+
+    def __str__(self) -> str:
+        return tree_to_string(self)
+
+
+# ---------------------------------------------------------------------------------- reading
+_TOKEN = re.compile(r"\(|\)|[^\s()]+")
+
+
+def _tokens(text: str) -> Iterator[tuple[str, int]]:
+    """Yield (token, 1-based line) for brackets and atoms."""
+    # Line by line: cheaper than counting newlines before every token.
+    for number, line in enumerate(text.split("\n"), start=1):
+        for tok in _TOKEN.findall(line):
+            yield tok, number
+
+
+def iter_trees(text: str, source: str = "<string>") -> Iterator[tuple[int, Tree]]:
+    """Parse every bracketed tree in ``text``; yield (line where it starts, tree).
+
+    Raises :class:`DataError` naming ``source`` and the line on unbalanced brackets,
+    text outside brackets, a node with no label and no children, or words mixed with
+    constituents in one node.
+    """
+    # Each frame: [label or None (not read yet), children, word, start line].
+    stack: list[list] = []
+    start_line = 0
+    for tok, line in _tokens(text):
+        if tok == "(":
+            if not stack:
+                start_line = line
+            elif stack[-1][0] is None:
+                stack[-1][0] = ""  # "( (S ..." : the outer bracket has no label
+            stack.append([None, [], None, line])
+        elif tok == ")":
+            if not stack:
+                raise DataError(f"{source}:{line}: closing bracket with no open bracket")
+            label, children, word, open_line = stack.pop()
+            if label is None:
+                raise DataError(f"{source}:{open_line}: empty brackets '()'")
+            node = Tree(label, children, word)
+            if not stack:
+                yield start_line, node
+            else:
+                parent = stack[-1]
+                if parent[2] is not None:
+                    raise DataError(f"{source}:{line}: node '{parent[0]}' mixes a word and constituents")
+                parent[1].append(node)
+        else:
+            if not stack:
+                raise DataError(f"{source}:{line}: text outside brackets: {tok!r}")
+            frame = stack[-1]
+            if frame[0] is None:
+                frame[0] = tok
+            elif frame[2] is None and not frame[1]:
+                frame[2] = tok
+            else:
+                raise DataError(
+                    f"{source}:{line}: node '{frame[0]}' has more than one word or mixes words "
+                    f"and constituents (at {tok!r})"
+                )
+    if stack:
+        raise DataError(f"{source}:{stack[0][3]}: unbalanced brackets (tree never closed)")
+
+
+def parse_tree(text: str, source: str = "<string>") -> Tree:
+    """Parse exactly one bracketed tree."""
+    trees = list(iter_trees(text, source))
+    if len(trees) != 1:
+        raise DataError(f"{source}: expected one tree, found {len(trees)}")
+    return trees[0][1]
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise DataError(f"{path}: no such file") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
+
+
+def read_trees(path: Path | str) -> list[Tree]:
+    """Read every tree of a bracketed file (``.mrg``: several multi-line trees per file)."""
+    path = Path(path)
+    return [tree for _, tree in iter_trees(_read_text(path), str(path))]
+
+
+def read_trees_with_lines(path: Path | str) -> list[tuple[int, Tree]]:
+    """Like :func:`read_trees`, with the line where each tree starts (for messages)."""
+    path = Path(path)
+    return list(iter_trees(_read_text(path), str(path)))
+
+
+# --------------------------------------------------------------------------------- cleaning
+_FUNCTION_TAG = re.compile(r"[-=]")
+
+
+def strip_label(label: str) -> str:
+    """Drop function tags and indices: ``NP-SBJ-1`` -> ``NP``, ``NP=2`` -> ``NP``."""
+    if label.startswith("-"):  # -NONE-, -LRB-, -RRB- are whole labels, not tag + suffix
+        return label
+    label = label.split("|", 1)[0]  # ADVP|PRT: the annotators' doubt, keep the first
+    return _FUNCTION_TAG.split(label, 1)[0] or label
+
+
+def _clean(node: Tree) -> Tree | None:
+    """Cleaned copy of ``node``, or None when nothing but empty elements is under it."""
+    if node.is_preterminal:
+        if node.label == TRACE_TAG:
+            return None
+        return Tree(strip_label(node.label), [], node.word)
+    children = [c for c in (_clean(child) for child in node.children) if c is not None]
+    if not children:
+        return None
+    return Tree(strip_label(node.label), children)
+
+
+def clean_tree(tree: Tree) -> Tree | None:
+    """Clean a treebank tree as described in the module docstring (returns a new tree).
+
+    Returns None when the tree has no words at all (only empty elements).
+    """
+    cleaned = _clean(tree)
+    if cleaned is None:
+        return None
+    # Strip wrappers after cleaning: the outer bracket may hold a trace beside the tree.
+    while cleaned.label in ROOT_WRAPPERS and len(cleaned.children) == 1:
+        child = cleaned.children[0]
+        if child.is_preterminal:
+            break
+        cleaned = child
+    if cleaned.label in ROOT_WRAPPERS or cleaned.is_preterminal:
+        # A wrapper over several pieces (or a bare word) needs a named root.
+        cleaned = Tree(FALLBACK_ROOT, cleaned.children if not cleaned.is_preterminal else [cleaned])
+    return cleaned
+
+
+# ---------------------------------------------------------------------------- linearization
+def linearize(tree: Tree, placeholder: str = PLACEHOLDER) -> list[str]:
+    """Target tokens: ``(LABEL`` ... ``)LABEL`` per constituent, ``placeholder`` per word."""
+    out: list[str] = []
+    # Stack items are nodes to open, or closing tokens (str) to emit after the children.
+    stack: list[Tree | str] = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif item.is_preterminal:
+            out.append(placeholder)
+        else:
+            out.append("(" + item.label)
+            stack.append(")" + item.label)
+            stack.extend(reversed(item.children))
+    return out
+
+
+def tree_to_string(tree: Tree) -> str:
+    """One-line bracketed form, ``(S (NP (DT the) (NN cat)) (VP (VBD sat)))``.
+
+    Words are written as they are: the treebank spells brackets ``-LRB-``/``-RRB-``, so a
+    word holding ``(`` or ``)`` (from raw user text) would not read back the same.
+    """
+    parts: list[str] = []
+    stack: list[Tree | str] = [tree]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            parts.append(item)
+        elif item.is_preterminal:
+            parts.append(f"({item.label} {item.word})")
+        else:
+            parts.append("(" + item.label)
+            stack.append(")")
+            stack.extend(reversed(item.children))
+    # Join with spaces, except none before a closing bracket.
+    text = " ".join(parts)
+    return text.replace(" )", ")")
+
+
+def is_well_formed(pred_tokens: Sequence[str], n_words: int, placeholder: str = PLACEHOLDER) -> bool:
+    """True when ``pred_tokens`` needs no repair: one balanced tree, exactly ``n_words``
+    placeholders, labeled brackets, every constituent non-empty, closers matching openers."""
+    stack: list[list] = []  # [label, has_word]
+    words = 0
+    roots = 0
+    for tok in pred_tokens:
+        if tok == placeholder:
+            if not stack:
+                return False
+            words += 1
+            for frame in stack:
+                frame[1] = True
+        elif tok.startswith("(") and len(tok) > 1:
+            if not stack:
+                roots += 1
+            stack.append([tok[1:], False])
+        elif tok.startswith(")"):
+            if not stack:
+                return False
+            label, has_word = stack.pop()
+            if not has_word or tok[1:] not in ("", label):
+                return False
+        else:
+            return False
+    return not stack and roots == 1 and words == n_words
+
+
+# ----------------------------------------------------------------------------- rebuilding
+_DISSOLVE = "\x00dissolve"
+"""Internal label of brackets kept for pairing but removed from the final tree."""
+
+
+def _is_label(label: str) -> bool:
+    """A label that prints and reads back: not empty, no brackets, no spaces."""
+    return bool(label) and not any(c in "()" or c.isspace() for c in label)
+
+
+def _finish(node: Tree) -> list[Tree]:
+    """Post-order repair: drop wordless constituents, dissolve marked brackets.
+
+    Returns the nodes that replace ``node`` in its parent (none, itself, or its children).
+    Iterative, since a model can emit hundreds of nested brackets.
+    """
+    # frames[k] = (constituent being finished, its finished children so far);
+    # iters[k] walks that constituent's original children.
+    result: list[Tree] = []
+    frames: list[tuple[Tree, list[Tree]]] = [(node, [])]
+    iters = [iter(node.children)]
+    while frames:
+        current, done = frames[-1]
+        child = next(iters[-1], None)
+        if child is not None:
+            if child.is_preterminal:
+                done.append(child)
+            else:
+                frames.append((child, []))
+                iters.append(iter(child.children))
+            continue
+        frames.pop()
+        iters.pop()
+        if not done:
+            replacement: list[Tree] = []
+        elif current.label == _DISSOLVE:
+            replacement = done
+        else:
+            current.children = done
+            replacement = [current]
+        if frames:
+            frames[-1][1].extend(replacement)
+        else:
+            result = replacement
+    return result
+
+
+def rebuild(
+    pred_tokens: Sequence[str],
+    words: Sequence[str],
+    tags: Sequence[str] | None = None,
+    *,
+    placeholder: str = PLACEHOLDER,
+    labels: Iterable[str] | None = None,
+) -> Tree:
+    """Turn predicted target tokens into a tree over ``words``, repairing if needed.
+
+    ``tags`` (one per word) become the POS tags; without them every POS tag is
+    ``placeholder``. ``labels``, when given, is the set of known phrase labels; brackets
+    with other labels are dissolved. The repair rules are in the module docstring; the
+    result always has exactly ``words`` as leaves, in order, under one root.
+    """
+    if not words:
+        raise DataError("cannot build a parse tree over an empty sentence")
+    if tags is not None and len(tags) != len(words):
+        raise DataError(f"{len(tags)} POS tags for {len(words)} words")
+    known = frozenset(labels) if labels is not None else None
+
+    def preterminal(i: int) -> Tree:
+        return Tree(tags[i] if tags is not None else placeholder, [], words[i])
+
+    top: list[Tree] = []
+    stack: list[Tree] = []
+    n = 0  # words placed so far
+    for tok in pred_tokens:
+        if tok == placeholder:
+            if n < len(words):
+                (stack[-1].children if stack else top).append(preterminal(n))
+                n += 1
+        elif tok.startswith("("):
+            label = tok[1:]
+            if not _is_label(label) or (known is not None and label not in known):
+                label = _DISSOLVE
+            node = Tree(label)
+            (stack[-1].children if stack else top).append(node)
+            stack.append(node)
+        elif tok.startswith(")"):
+            if stack:
+                stack.pop()
+        # Anything else (<unk>, a bare label) carries no structure: dropped.
+
+    pieces = _finish(Tree(_DISSOLVE, top))
+    if len(pieces) == 1 and not pieces[0].is_preterminal:
+        root = pieces[0]
+    else:
+        root = Tree(FALLBACK_ROOT, pieces)
+    root.children.extend(preterminal(i) for i in range(n, len(words)))
+    if logger.isEnabledFor(logging.DEBUG) and not is_well_formed(pred_tokens, len(words), placeholder):
+        logger.debug("repaired malformed prediction: %s", " ".join(pred_tokens))
+    return root
+
+
+# ------------------------------------------------------------------------------ preparation
+def _split_files(ptb_dir: Path, first: int, last: int) -> list[Path]:
+    files = [ptb_dir / f"wsj_{i:04d}.mrg" for i in range(first, last + 1)]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise DataError(f"{ptb_dir}: missing {len(missing)} treebank file(s): {', '.join(missing[:5])}")
+    return files
+
+
+def _write_atomically(contents: Mapping[Path, str]) -> None:
+    """No file half-written: every temporary is written before any rename, so a failure
+    while reading or writing leaves the old files (or none) in place."""
+    temps: dict[Path, Path] = {}
+    try:
+        for path, text in contents.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            temps[path] = Path(tmp)
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
+    finally:
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
+
+
+def prepare_parsing(
+    ptb_dir: Path | str,
+    out_dir: Path | str,
+    *,
+    splits: Mapping[str, tuple[int, int]] | None = None,
+    placeholder: str = PLACEHOLDER,
+) -> dict:
+    """Write the parsing task's parallel text for each split role.
+
+    ``ptb_dir`` holds ``wsj_NNNN.mrg`` files (or has them under ``combined/``, as the NLTK
+    sample does). ``splits`` maps role -> inclusive file-number range, by default
+    :data:`DEFAULT_SPLITS` (train 1-159, valid 160-179, test 180-199). For each role,
+    writes ``{role}.src.txt`` (words, space-separated), ``{role}.tgt.txt`` (linearized
+    tree) and ``{role}.gold.txt`` (cleaned tree with POS tags) into ``out_dir``, all
+    files renamed into place only once all are written. Returns ``{"splits": {role:
+    {"trees", "words", "skipped", "files": "wsj_0001-wsj_0159"}}, "placeholder", "source"}``.
+    """
+    ptb_dir = Path(ptb_dir)
+    out_dir = Path(out_dir)
+    if not ptb_dir.is_dir():
+        raise DataError(f"{ptb_dir}: treebank directory not found")
+    if not any(ptb_dir.glob("wsj_*.mrg")) and (ptb_dir / "combined").is_dir():
+        ptb_dir = ptb_dir / "combined"  # the NLTK sample's layout
+    splits = dict(splits if splits is not None else DEFAULT_SPLITS)
+
+    contents: dict[Path, str] = {}
+    summary: dict = {"splits": {}, "placeholder": placeholder, "source": str(ptb_dir)}
+    for role, (first, last) in splits.items():
+        src_lines: list[str] = []
+        tgt_lines: list[str] = []
+        gold_lines: list[str] = []
+        skipped = 0
+        for path in _split_files(ptb_dir, first, last):
+            for line, raw in read_trees_with_lines(path):
+                tree = clean_tree(raw)
+                if tree is None:
+                    logger.warning("%s:%d: tree has no words after removing empty elements; skipped", path, line)
+                    skipped += 1
+                    continue
+                # Words never hold whitespace: the reader splits on it.
+                src_lines.append(" ".join(tree.leaves()) + "\n")
+                tgt_lines.append(" ".join(linearize(tree, placeholder)) + "\n")
+                gold_lines.append(tree_to_string(tree) + "\n")
+        contents[out_dir / f"{role}.src.txt"] = "".join(src_lines)
+        contents[out_dir / f"{role}.tgt.txt"] = "".join(tgt_lines)
+        contents[out_dir / f"{role}.gold.txt"] = "".join(gold_lines)
+        summary["splits"][role] = {
+            "trees": len(src_lines),
+            "words": sum(len(s.split()) for s in src_lines),
+            "skipped": skipped,
+            "files": f"wsj_{first:04d}-wsj_{last:04d}",
+        }
+        logger.info("parsing %s: %d trees from wsj_%04d-wsj_%04d", role, len(src_lines), first, last)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomically(contents)
+    return summary

@@ -1,0 +1,1 @@
+"""Scoring: parsing F1 (EVALB conventions); BLEU beside it."""

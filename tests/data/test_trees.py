@@ -1,0 +1,324 @@
+"""Tests for aiayn.data.trees: reading, cleaning, linearizing, rebuilding, preparing."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aiayn.data.trees import (
+    PLACEHOLDER,
+    Tree,
+    clean_tree,
+    is_well_formed,
+    linearize,
+    parse_tree,
+    prepare_parsing,
+    read_trees,
+    read_trees_with_lines,
+    rebuild,
+    strip_label,
+    tree_to_string,
+)
+from aiayn.errors import DataError
+
+PTB_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "ptb-sample"
+PTB_FILES = PTB_DIR / "combined"
+
+needs_ptb = pytest.mark.skipif(not PTB_FILES.is_dir(), reason="shared/data/ptb-sample not present")
+
+
+@pytest.fixture(scope="module")
+def sample_trees() -> list[Tree]:
+    """Every raw tree of the 10% WSJ sample (read once for the module)."""
+    trees: list[Tree] = []
+    for path in sorted(PTB_FILES.glob("wsj_*.mrg")):
+        trees.extend(read_trees(path))
+    return trees
+
+
+MRG = """\
+( (S
+    (NP-SBJ-1 (NNP Pierre) (NNP Vinken) )
+    (VP (MD will)
+      (VP (VB join)
+        (NP (DT the) (NN board) )))
+    (. .) ))
+( (S
+    (NP-SBJ (NNP Mr.) (NNP Vinken) )
+    (VP (VBZ is)
+      (NP-PRD (NN chairman) ))
+    (. .) ))
+"""
+
+
+def check_valid(tree: Tree, words: list[str]) -> None:
+    """A usable parse: labeled nodes, non-empty constituents, exactly ``words`` as leaves."""
+    assert tree.leaves() == words
+    assert not tree.is_preterminal
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        assert node.label and not any(c.isspace() or c in "()" for c in node.label)
+        if node.is_preterminal:
+            assert not node.children
+        else:
+            assert node.children, f"empty constituent {node.label}"
+            stack.extend(node.children)
+
+
+# ------------------------------------------------------------------------------- reading
+def test_reader_multi_line_multi_tree(tmp_path: Path) -> None:
+    path = tmp_path / "two.mrg"
+    path.write_text(MRG, encoding="utf-8")
+    with_lines = read_trees_with_lines(path)
+    assert [line for line, _ in with_lines] == [1, 7]
+    first, second = read_trees(path)
+    assert first.label == "" and first.children[0].label == "S"
+    assert first.leaves() == ["Pierre", "Vinken", "will", "join", "the", "board", "."]
+    assert first.tags() == ["NNP", "NNP", "MD", "VB", "DT", "NN", "."]
+    assert second.leaves() == ["Mr.", "Vinken", "is", "chairman", "."]
+
+
+def test_reader_one_tree_per_line_and_string_round_trip() -> None:
+    text = "(S (NP (DT the) (NN cat)) (VP (VBD sat)))"
+    tree = parse_tree(text)
+    assert tree_to_string(tree) == text
+    assert str(tree) == text
+    assert parse_tree(tree_to_string(tree)) == tree
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("(S (NP (DT the)\n(NN cat)", 1, "unbalanced"),
+        ("(S (NP (DT the)))\n)", 2, "closing bracket"),
+        ("(S (NP (DT the)))\nstray", 2, "outside brackets"),
+        ("(S\n(NP (DT the) word))", 2, "mixes"),
+        ("(S (DT the extra))", 1, "more than one word"),
+        ("(S ())", 1, "empty brackets"),
+    ],
+)
+def test_reader_errors_name_file_and_line(tmp_path: Path, text: str, line: int, message: str) -> None:
+    path = tmp_path / "bad.mrg"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError, match=rf"bad\.mrg:{line}: .*{message}"):
+        read_trees(path)
+
+
+def test_reader_missing_file_and_bad_utf8(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no such file"):
+        read_trees(tmp_path / "nope.mrg")
+    bad = tmp_path / "latin1.mrg"
+    bad.write_bytes(b"(S (NN caf\xe9))")
+    with pytest.raises(DataError, match="UTF-8"):
+        read_trees(bad)
+
+
+@needs_ptb
+def test_reader_on_sample(sample_trees: list[Tree]) -> None:
+    assert len(read_trees(PTB_FILES / "wsj_0001.mrg")) == 2
+    assert len(sample_trees) == 3914
+
+
+# ------------------------------------------------------------------------------ cleaning
+@pytest.mark.parametrize(
+    ("label", "expected"),
+    [
+        ("NP-SBJ-1", "NP"),
+        ("PP-LOC=2", "PP"),
+        ("NP=3", "NP"),
+        ("S-TPC-1", "S"),
+        ("NP", "NP"),
+        ("-NONE-", "-NONE-"),
+        ("-LRB-", "-LRB-"),
+        ("PRP$", "PRP$"),
+        ("ADVP|PRT", "ADVP"),
+    ],
+)
+def test_strip_label(label: str, expected: str) -> None:
+    assert strip_label(label) == expected
+
+
+def test_clean_removes_empty_elements_and_emptied_constituents() -> None:
+    # The example of the EVALB README, section 7.1.
+    raw = parse_tree("( (S (NP-SBJ (PRP He)) (VP (VBD reported) (SBAR (-NONE- 0) (S (-NONE- *T*-1)))) (. .)))")
+    assert tree_to_string(clean_tree(raw)) == "(S (NP (PRP He)) (VP (VBD reported)) (. .))"
+
+
+def test_clean_strips_tags_keeps_pos_and_brackets() -> None:
+    raw = parse_tree(
+        "( (S (NP-SBJ-1 (-LRB- -LRB-) (NNP Foo) (-RRB- -RRB-)) (VP (VBD gave) (ADVP|PRT (RB up))"
+        " (NP-TMP=2 (NN today))) (. .)))"
+    )
+    assert tree_to_string(clean_tree(raw)) == (
+        "(S (NP (-LRB- -LRB-) (NNP Foo) (-RRB- -RRB-)) (VP (VBD gave) (ADVP (RB up)) (NP (NN today))) (. .))"
+    )
+
+
+def test_clean_root_wrappers() -> None:
+    assert clean_tree(parse_tree("(TOP (S (NN x)))")).label == "S"
+    # A wrapper over a trace and a tree: the trace goes first, then the wrapper.
+    assert tree_to_string(clean_tree(parse_tree("( (-NONE- *) (S (NN x)))"))) == "(S (NN x))"
+    # A wrapper that holds several pieces, or a bare word, becomes TOP.
+    assert tree_to_string(clean_tree(parse_tree("( (NP (NN x)) (. .))"))) == "(TOP (NP (NN x)) (. .))"
+    assert tree_to_string(clean_tree(parse_tree("( (NN x))"))) == "(TOP (NN x))"
+    assert clean_tree(parse_tree("( (S (-NONE- *)))")) is None
+
+
+def test_clean_does_not_modify_input() -> None:
+    raw = parse_tree("( (S (NP-SBJ (-NONE- *)) (VP (VB go))))")
+    before = tree_to_string(raw)
+    clean_tree(raw)
+    assert tree_to_string(raw) == before
+
+
+# ------------------------------------------------------------------------- linearization
+def test_linearize_vinyals_style() -> None:
+    tree = parse_tree("(S (NP (NNP Ms.) (NNP Haag)) (VP (VBZ plays) (NP (NNP Elianti))) (. .))")
+    assert " ".join(linearize(tree)) == "(S (NP XX XX )NP (VP XX (NP XX )NP )VP XX )S"
+    assert linearize(tree, placeholder="W")[2] == "W"
+    assert is_well_formed(linearize(tree), 5)
+    assert not is_well_formed(linearize(tree), 4)
+
+
+@needs_ptb
+def test_round_trip_every_sample_tree(sample_trees: list[Tree]) -> None:
+    for raw in sample_trees:
+        tree = clean_tree(raw)
+        assert tree is not None
+        tokens = linearize(tree)
+        words = tree.leaves()
+        assert is_well_formed(tokens, len(words))
+        # With the gold tags back in place the rebuilt tree is the cleaned tree exactly.
+        assert rebuild(tokens, words, tree.tags()) == tree
+        # Without them, the same tree with XX tags.
+        plain = rebuild(tokens, words)
+        assert plain.tags() == [PLACEHOLDER] * len(words)
+        assert linearize(plain) == tokens and plain.leaves() == words
+
+
+# ----------------------------------------------------------------------------- rebuilding
+WORDS = ["the", "cat", "sat", "."]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "expected"),
+    [
+        # well formed
+        ("(S (NP XX XX )NP (VP XX )VP XX )S", "(S (NP (XX the) (XX cat)) (VP (XX sat)) (XX .))"),
+        # closer labels are not checked: a closer closes the innermost bracket
+        ("(S (NP XX XX )VP (VP XX )NP XX )S", "(S (NP (XX the) (XX cat)) (VP (XX sat)) (XX .))"),
+        # unmatched closers dropped
+        (")S )NP (S (NP XX XX )NP (VP XX )VP XX )S )S", "(S (NP (XX the) (XX cat)) (VP (XX sat)) (XX .))"),
+        # open brackets closed at the end
+        ("(S (NP XX XX )NP (VP XX XX", "(S (NP (XX the) (XX cat)) (VP (XX sat) (XX .)))"),
+        # extra placeholders dropped
+        ("(S (NP XX XX XX )NP (VP XX XX )VP XX )S", "(S (NP (XX the) (XX cat) (XX sat)) (VP (XX .)))"),
+        # missing words appended to the root
+        ("(S (NP XX )NP (VP XX )VP )S", "(S (NP (XX the)) (VP (XX cat)) (XX sat) (XX .))"),
+        # constituents with no words removed
+        ("(S (NP XX XX )NP (ADJP )ADJP (VP (PP )PP XX )VP XX )S", "(S (NP (XX the) (XX cat)) (VP (XX sat)) (XX .))"),
+        # a bracket without a label pairs with its closer, then is dissolved
+        ("(S ( XX XX ) (VP XX )VP XX )S", "(S (XX the) (XX cat) (VP (XX sat)) (XX .))"),
+        # tokens that mean nothing dropped
+        ("(S <unk> (NP XX NP XX )NP </s> (VP XX )VP XX )S", "(S (NP (XX the) (XX cat)) (VP (XX sat)) (XX .))"),
+        # several top-level pieces: wrapped in TOP
+        ("(NP XX XX )NP (VP XX )VP XX", "(TOP (NP (XX the) (XX cat)) (VP (XX sat)) (XX .))"),
+        # nothing usable: every word under TOP
+        ("", "(TOP (XX the) (XX cat) (XX sat) (XX .))"),
+        (")S )S", "(TOP (XX the) (XX cat) (XX sat) (XX .))"),
+    ],
+)
+def test_rebuild_repairs(tokens: str, expected: str) -> None:
+    tree = rebuild(tokens.split(), WORDS)
+    assert tree_to_string(tree) == expected
+    check_valid(tree, WORDS)
+
+
+def test_rebuild_unknown_labels_dissolved_when_labels_given() -> None:
+    tokens = "(S (NP XX XX )NP (FOO XX )FOO XX )S".split()
+    assert tree_to_string(rebuild(tokens, WORDS)) == "(S (NP (XX the) (XX cat)) (FOO (XX sat)) (XX .))"
+    tree = rebuild(tokens, WORDS, labels={"S", "NP", "VP"})
+    assert tree_to_string(tree) == "(S (NP (XX the) (XX cat)) (XX sat) (XX .))"
+
+
+def test_rebuild_uses_tags_and_rejects_bad_input() -> None:
+    tree = rebuild("(S (NP XX XX )NP (VP XX )VP XX )S".split(), WORDS, ["DT", "NN", "VBD", "."])
+    assert tree_to_string(tree) == "(S (NP (DT the) (NN cat)) (VP (VBD sat)) (. .))"
+    with pytest.raises(DataError, match="empty sentence"):
+        rebuild(["(S", "XX", ")S"], [])
+    with pytest.raises(DataError, match="POS tags"):
+        rebuild(["(S", "XX", ")S"], ["a"], ["DT", "NN"])
+
+
+def test_rebuild_random_token_soups_always_valid() -> None:
+    rng = random.Random(1234)
+    vocab = ["(S", "(NP", "(VP", "(PP", "(", ")S", ")NP", ")", ")VP", "XX", "XX", "XX", "<unk>", "NP", "(FOO"]
+    vocab += ["((", "(NP)", "))", ")(", "(XX", ")XX"]
+    for _ in range(3000):
+        words = [f"w{i}" for i in range(rng.randint(1, 25))]
+        tokens = [rng.choice(vocab) for _ in range(rng.randint(0, 80))]
+        labels = {"S", "NP", "VP"} if rng.random() < 0.5 else None
+        tree = rebuild(tokens, words, labels=labels)
+        check_valid(tree, words)
+        # deterministic, and its text form reads back as the same tree
+        assert rebuild(tokens, words, labels=labels) == tree
+        assert parse_tree(tree_to_string(tree)) == tree
+
+
+def test_rebuild_deep_nesting_does_not_recurse() -> None:
+    words = ["a", "b"]
+    tokens = ["(NP"] * 3000 + ["XX"] + [")NP"] * 2000
+    tree = rebuild(tokens, words)
+    check_valid(tree, words)
+    assert len(linearize(tree)) == 3000 * 2 + 2
+    assert tree_to_string(tree).count("(NP") == 3000
+
+
+# ---------------------------------------------------------------------------- preparation
+@needs_ptb
+def test_prepare_parsing_on_sample(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    summary = prepare_parsing(PTB_DIR, out)  # finds combined/ by itself
+    splits = summary["splits"]
+    assert {role: s["trees"] for role, s in splits.items()} == {"train": 3396, "valid": 273, "test": 245}
+    assert splits["train"]["files"] == "wsj_0001-wsj_0159"
+    assert splits["valid"]["files"] == "wsj_0160-wsj_0179"
+    assert splits["test"]["files"] == "wsj_0180-wsj_0199"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        f"{role}.{kind}.txt" for role in ("train", "valid", "test") for kind in ("src", "tgt", "gold")
+    )
+    for role in ("valid", "test"):
+        src = (out / f"{role}.src.txt").read_text(encoding="utf-8").splitlines()
+        tgt = (out / f"{role}.tgt.txt").read_text(encoding="utf-8").splitlines()
+        gold = (out / f"{role}.gold.txt").read_text(encoding="utf-8").splitlines()
+        assert len(src) == len(tgt) == len(gold) == splits[role]["trees"]
+        for s, t, g in zip(src, tgt, gold):
+            words = s.split(" ")
+            gold_tree = parse_tree(g)
+            assert gold_tree.leaves() == words
+            assert rebuild(t.split(" "), words, gold_tree.tags()) == gold_tree
+
+
+@needs_ptb
+def test_prepare_parsing_custom_splits_and_errors(tmp_path: Path) -> None:
+    src = tmp_path / "ptb"
+    src.mkdir()
+    for name in ("wsj_0001.mrg", "wsj_0002.mrg"):
+        shutil.copy(PTB_FILES / name, src / name)
+    out = tmp_path / "out"
+    summary = prepare_parsing(src, out, splits={"train": (1, 1), "test": (2, 2)})
+    assert summary["splits"]["train"] == {"trees": 2, "words": 31, "skipped": 0, "files": "wsj_0001-wsj_0001"}
+    assert (out / "train.src.txt").read_text(encoding="utf-8").splitlines()[1] == (
+        "Mr. Vinken is chairman of Elsevier N.V. , the Dutch publishing group ."
+    )
+    assert not list(out.glob(".*"))  # no temporaries left behind
+
+    with pytest.raises(DataError, match="missing 1 treebank file"):
+        prepare_parsing(src, tmp_path / "out2", splits={"train": (1, 3)})
+    assert not (tmp_path / "out2").exists()  # nothing written when it fails
+    with pytest.raises(DataError, match="not found"):
+        prepare_parsing(tmp_path / "nowhere", out)
