@@ -1,0 +1,99 @@
+"""`aiayn serve`: the HTTP translation service and the attention page (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import sys
+
+from aiayn.errors import AiaynError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="HTTP translation service with an attention page",
+        description="Serve a checkpoint over HTTP: POST /v1/translate, GET /v1/model, /health, /metrics, "
+                    "the attention page at / and the OpenAPI docs at /docs. Needs the 'serve' extra "
+                    "(pip install 'aiayn[serve]').")
+    p.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference dtype")
+    lim = p.add_argument_group("request limits")
+    lim.add_argument("--max-texts", type=int, default=64, help="texts per request (default 64)")
+    lim.add_argument("--max-chars", type=int, default=2000, help="characters per text (default 2000)")
+    lim.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)")
+    bat = p.add_argument_group("dynamic batching")
+    bat.add_argument("--queue-size", type=int, default=256,
+                     help="requests allowed to wait; more get 503 + Retry-After (default 256)")
+    bat.add_argument("--batch-window-ms", type=float, default=5.0,
+                     help="how long the oldest waiting request may wait for others to join its batch (default 5)")
+    bat.add_argument("--max-batch-tokens", type=int, default=4096,
+                     help="padded source tokens per model batch (default 4096)")
+    bat.add_argument("--max-batch-sentences", type=int, default=64, help="sentences per model batch (default 64)")
+    bat.add_argument("--no-batching", action="store_true",
+                     help="translate requests one at a time (the baseline of docs/benchmarks.md)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--graceful-timeout", type=float, default=30.0,
+                   help="seconds to let in-flight requests finish on SIGTERM/Ctrl+C (default 30)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    for name in ("max_texts", "max_chars", "max_body_bytes", "queue_size", "max_batch_tokens",
+                 "max_batch_sentences"):
+        if getattr(args, name) < 1:
+            raise AiaynError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
+    if args.batch_window_ms < 0:
+        raise AiaynError("--batch-window-ms: must not be negative")
+    if not 0 <= args.port <= 65535:
+        raise AiaynError(f"--port: {args.port} is not a port number")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    try:
+        import uvicorn
+
+        from aiayn.serving.app import ServeSettings, create_app
+    except ModuleNotFoundError as exc:
+        raise AiaynError(f"aiayn serve needs the 'serve' extra ({exc.name} is missing): "
+                         "pip install 'aiayn[serve]'") from None
+    import torch
+
+    from aiayn.inference.translator import Translator
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
+    settings = ServeSettings(
+        max_texts=args.max_texts, max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
+        queue_size=args.queue_size, batch_window_ms=args.batch_window_ms, max_batch_tokens=args.max_batch_tokens,
+        max_batch_sentences=args.max_batch_sentences, batching=not args.no_batching,
+        checkpoint=str(args.checkpoint), device=device, dtype=args.dtype)
+    app = create_app(translator, settings)
+    if not _is_loopback(args.host):
+        print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "
+              "the service has no authentication", file=sys.stderr)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=args.graceful_timeout, access_log=False)
+    server = uvicorn.Server(config)
+    # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish,
+    # then runs the app's shutdown (which drains the batcher's queue).
+    server.run()
+    return 0

@@ -1,0 +1,504 @@
+"""The HTTP translation service: FastAPI app around one :class:`Translator`.
+
+Endpoints: ``POST /v1/translate``, ``GET /v1/model``, ``GET /health``, ``GET /metrics``
+(Prometheus text), ``GET /`` (the attention page, from ``static/``) and FastAPI's
+``/docs`` + ``/openapi.json``.
+
+Every error is JSON ``{"error": CODE, "message": TEXT}`` with a 4xx/5xx status:
+
+=====  ======================  ====================================================
+400    ``malformed_json``      the body is not valid JSON
+413    ``body_too_large``      the body is over ``max_body_bytes``
+415    ``unsupported_media``   the body is not ``application/json``
+422    ``invalid_request``     a field has the wrong type or value (``details`` list)
+422    ``unknown_field``       a field the API does not know (typos are not ignored)
+422    ``too_many_texts``      more than ``max_texts`` texts in one request
+422    ``text_too_long``       a text over ``max_chars`` characters, or over the model's
+                               source positions once tokenized
+503    ``overloaded``          the queue is full (with ``Retry-After``)
+503    ``shutting_down``       the server is stopping
+500    ``translation_failed``  the model raised on this request (logged with its traceback;
+                               the other requests of its batch are retried and unaffected)
+500    ``internal_error``      any other bug; logged, never shown
+=====  ======================  ====================================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aiayn.config import to_dict
+from aiayn.errors import AiaynError
+from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
+from aiayn.serving.metrics import ServerMetrics
+from aiayn.serving.schemas import ErrorBody, TranslateRequest, TranslateResponse
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
+
+# Paths that get their own label in the metrics; anything else counts as "other" so that
+# scanners probing random URLs cannot blow up the number of time series.
+_KNOWN_PATHS = ("/", "/health", "/metrics", "/v1/model", "/v1/translate", "/docs", "/openapi.json")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass
+class ServeSettings:
+    """Limits and batching knobs (``aiayn serve --help`` documents each)."""
+
+    max_texts: int = 64
+    max_chars: int = 2000
+    max_body_bytes: int = 1_000_000
+    queue_size: int = 256
+    batch_window_ms: float = 5.0
+    max_batch_tokens: int = 4096
+    max_batch_sentences: int = 64
+    batching: bool = True
+    retry_after_s: int = 1
+    checkpoint: str | None = None
+    device: str = "cpu"
+    dtype: str = "fp32"
+
+
+class APIError(Exception):
+    """An error answered as JSON: status, machine code, message."""
+
+    def __init__(self, status: int, code: str, message: str, details: list[dict[str, Any]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.details, self.headers = details, headers
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _jsonable_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # pydantic's error dicts may carry exceptions in "ctx" and bytes in "input".
+    out = []
+    for e in errors:
+        out.append({"loc": [str(x) for x in e.get("loc", ())], "type": str(e.get("type", "")),
+                    "msg": str(e.get("msg", ""))})
+    return out
+
+
+def _where(loc: tuple | list) -> str:
+    parts = [str(x) for x in loc if x != "body"]
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if p.isdigit() else (f".{p}" if text else p)
+    return text or "body"
+
+
+def _to_nested(x: Any) -> list:
+    """A tensor / array / nested list of attention weights as nested lists of rounded floats."""
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu()
+    if hasattr(x, "tolist"):
+        x = x.tolist()
+    return _round(x)
+
+
+def _round(x: Any) -> Any:
+    # 4 decimals are plenty for a heatmap and shrink the JSON about 3x.
+    if isinstance(x, list):
+        return [_round(v) for v in x]
+    v = float(x)
+    return round(v, 4) if math.isfinite(v) else 0.0
+
+
+def _labels(pieces: list[str] | None, n: int, tail: str) -> list[str]:
+    """``n`` axis labels from ``pieces``: the attention may have one row more than the
+    pieces (the EOS step, see aiayn.inference.search), so the missing ones are ``tail``."""
+    pieces = list(pieces or [])
+    if len(pieces) >= n:
+        return pieces[:n]
+    return pieces + [tail] * (n - len(pieces))
+
+
+def _shape(nested: list) -> tuple[int, ...]:
+    shape = []
+    while isinstance(nested, list):
+        shape.append(len(nested))
+        nested = nested[0] if nested else None
+    return tuple(shape)
+
+
+def _hyp_tokens(hyp: Any) -> int:
+    tokens = getattr(hyp, "tokens", None)
+    return len(tokens) if tokens is not None else 0
+
+
+def _best_target_tokens(result: Any) -> int:
+    hyps = getattr(result, "hypotheses", None) or []
+    return _hyp_tokens(hyps[0]) if hyps else 0
+
+
+# ---------------------------------------------------------------------- middleware
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over ``limit`` bytes with 413 before any of it is parsed.
+
+    Checks Content-Length up front and also counts the bytes actually received, so a
+    chunked body without a length cannot slip past the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int, metrics: ServerMetrics) -> None:
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        too_large = APIError(413, "body_too_large", f"request body is over the limit of {self.limit} bytes")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(too_large, scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                await self._reject(too_large, scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _reject(self, err: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(err, self.metrics)
+        # The client is told to close: the rest of its body is not read.
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
+class MetricsMiddleware:
+    """Count requests by path and status, and time them."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        label = path if path in _KNOWN_PATHS else ("/static" if path.startswith("/static/") else "other")
+        status = 500
+        start = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        self.metrics.in_flight.inc(1)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.in_flight.inc(-1)
+            self.metrics.requests.inc(path=label, code=str(status))
+            self.metrics.latency.observe(time.perf_counter() - start, path=label)
+
+
+def error_response(err: APIError, metrics: ServerMetrics | None = None) -> JSONResponse:
+    if metrics is not None:
+        metrics.errors.inc(code=err.code, status=str(err.status))
+    body: dict[str, Any] = {"error": err.code, "message": err.message}
+    if err.details:
+        body["details"] = err.details
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
+
+
+# ---------------------------------------------------------------------- the app
+
+
+class TranslationService:
+    """The model side of the app: limits, batching, turning results into JSON."""
+
+    def __init__(self, translator: Any, settings: ServeSettings, metrics: ServerMetrics) -> None:
+        self.translator = translator
+        self.settings = settings
+        self.metrics = metrics
+        self.tokenizer = getattr(translator, "tokenizer", None)
+        self.config = getattr(translator, "config", None)
+        model_cfg = getattr(self.config, "model", None)
+        self.max_positions: int | None = getattr(model_cfg, "max_positions", None)
+        self.batcher = DynamicBatcher(
+            self._translate, metrics=metrics, max_batch_tokens=settings.max_batch_tokens,
+            max_batch_sentences=settings.max_batch_sentences, window_ms=settings.batch_window_ms,
+            queue_size=settings.queue_size, enabled=settings.batching, target_tokens=_best_target_tokens)
+        self.closing = False
+
+    def _translate(self, texts: list[str], nbest: int, attention: bool, overrides: dict[str, Any]) -> list[Any]:
+        # Runs on the batcher's worker thread: the only thread that touches the model.
+        return self.translator.translate_detailed(texts, nbest=nbest, attention=attention, **overrides)
+
+    def source_lengths(self, texts: list[str]) -> list[int]:
+        if self.tokenizer is not None and hasattr(self.tokenizer, "encode_src_batch"):
+            # num_threads=1: this runs on the event loop; short texts need no thread pool.
+            return [len(ids) for ids in self.tokenizer.encode_src_batch(texts, num_threads=1)]
+        return [len(t.split()) + 1 for t in texts]
+
+    def check_limits(self, req: TranslateRequest) -> list[int]:
+        s = self.settings
+        if len(req.texts) > s.max_texts:
+            raise APIError(422, "too_many_texts",
+                           f"texts: {len(req.texts)} texts in one request; the limit is {s.max_texts}")
+        for i, text in enumerate(req.texts):
+            if len(text) > s.max_chars:
+                raise APIError(422, "text_too_long",
+                               f"texts[{i}]: {len(text)} characters; the limit is {s.max_chars}")
+        lengths = self.source_lengths(req.texts)
+        if self.max_positions is not None:
+            for i, n in enumerate(lengths):
+                if n > self.max_positions:
+                    raise APIError(422, "text_too_long",
+                                   f"texts[{i}]: {n} source tokens; the model has {self.max_positions} positions")
+        beam = req.beam if req.beam is not None else getattr(getattr(self.config, "decode", None), "beam", None)
+        if beam is not None and req.nbest > beam:
+            raise APIError(422, "invalid_request", f"nbest: {req.nbest} is more than beam={beam}")
+        return lengths
+
+    async def translate(self, req: TranslateRequest) -> dict[str, Any]:
+        if self.closing:
+            raise APIError(503, "shutting_down", "the server is shutting down")
+        lengths = self.check_limits(req)
+        options = DecodeOptions.make(req.nbest, req.attention, req.decode_overrides())
+        try:
+            future = self.batcher.submit(req.texts, lengths, options)
+        except QueueFullError as exc:
+            raise APIError(503, "overloaded", f"server busy: {exc}; retry later",
+                           headers={"Retry-After": str(self.settings.retry_after_s)}) from None
+        except ShuttingDownError:
+            raise APIError(503, "shutting_down", "the server is shutting down") from None
+        try:
+            results = await asyncio.wrap_future(future)
+        except ShuttingDownError:
+            raise APIError(503, "shutting_down", "the server is shutting down") from None
+        except AiaynError as exc:  # a user-caused problem the translator reports (e.g. a bad option)
+            raise APIError(422, "invalid_request", str(exc)) from None
+        except Exception:
+            # Answered here rather than by the app-wide handler: Starlette re-raises from
+            # there and uvicorn then drops the client's keep-alive connection.
+            log.exception("translation failed (%d texts)", len(req.texts))
+            raise APIError(500, "translation_failed", "the model failed on this request (see the server log)") from None
+        if req.attention:
+            # Converting L x H x T x S weights to JSON lists is real work: keep it off the loop.
+            return await asyncio.to_thread(self.render, results, req)
+        return self.render(results, req)
+
+    def render(self, results: list[Any], req: TranslateRequest) -> dict[str, Any]:
+        translations, scores = [], []
+        nbest: list[list[dict[str, Any]]] = []
+        attention: list[dict[str, Any]] = []
+        for result in results:
+            hyps = list(getattr(result, "hypotheses", None) or [])
+            best = hyps[0] if hyps else None
+            translations.append(best.text if best is not None else "")
+            scores.append(float(best.score) if best is not None else float("-inf"))
+            nbest.append([{"text": h.text, "score": float(h.score)} for h in hyps[:req.nbest]])
+            if req.attention:
+                attention.append(self._attention(best))
+        body: dict[str, Any] = {"translations": translations,
+                                "scores": [s if math.isfinite(s) else -1e9 for s in scores]}
+        if req.nbest > 1:
+            body["nbest"] = nbest
+        if req.attention:
+            body["attention"] = attention
+        return body
+
+    @staticmethod
+    def _attention(hyp: Any) -> dict[str, Any]:
+        raw = getattr(hyp, "attention", None) if hyp is not None else None
+        src = list(getattr(hyp, "src_pieces", None) or [])
+        tgt = list(getattr(hyp, "tgt_pieces", None) or [])
+        if raw is None:
+            return {"src_tokens": src, "tgt_tokens": tgt, "layers": 0, "heads": 0, "weights": []}
+        weights = _to_nested(raw)
+        shape = _shape(weights)
+        if len(shape) != 4:
+            raise RuntimeError(f"attention has shape {shape}, expected (layers, heads, target, source)")
+        n_layers, n_heads, n_tgt, n_src = shape
+        return {"src_tokens": _labels(src, n_src, "</s>"), "tgt_tokens": _labels(tgt, n_tgt, "</s>"),
+                "layers": n_layers, "heads": n_heads, "weights": weights}
+
+    def model_info(self) -> dict[str, Any]:
+        cfg = self.config
+        info: dict[str, Any] = {}
+        if cfg is not None:
+            info["config"] = to_dict(cfg)
+            info["languages"] = {"source": cfg.data.src_lang, "target": cfg.data.tgt_lang}
+        tok = self.tokenizer
+        if tok is not None:
+            info["vocabulary"] = {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size,
+                                  "joint": bool(getattr(tok, "joint", False))}
+        elif cfg is not None:
+            info["vocabulary"] = {"source": cfg.model.src_vocab_size, "target": cfg.model.tgt_vocab_size,
+                                  "joint": cfg.model.share_embeddings == "all"}
+        model = getattr(self.translator, "model", None)
+        if model is not None:
+            from aiayn.model import count_parameters
+
+            info["parameters"] = count_parameters(model)
+        s = self.settings
+        info["checkpoint"] = s.checkpoint
+        info["device"], info["dtype"] = s.device, s.dtype
+        info["limits"] = {"max_texts": s.max_texts, "max_chars": s.max_chars, "max_body_bytes": s.max_body_bytes,
+                          "max_positions": self.max_positions}
+        info["batching"] = {"enabled": s.batching, "window_ms": s.batch_window_ms,
+                            "max_batch_tokens": s.max_batch_tokens, "max_batch_sentences": s.max_batch_sentences,
+                            "queue_size": s.queue_size}
+        return info
+
+
+def create_app(translator: Any, settings: ServeSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``translator`` (anything with ``translate_detailed``)."""
+    settings = settings or ServeSettings()
+    metrics = ServerMetrics()
+    service = TranslationService(translator, settings, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.batcher.start()
+        log.info("serving: batching %s (window %.1f ms, %d tokens, queue %d)",
+                 "on" if settings.batching else "off", settings.batch_window_ms,
+                 settings.max_batch_tokens, settings.queue_size)
+        yield
+        # uvicorn calls this after in-flight requests have finished (graceful shutdown);
+        # close() still drains whatever is queued before the worker stops.
+        service.closing = True
+        await asyncio.to_thread(service.batcher.close)
+
+    app = FastAPI(
+        title="aiayn translation service",
+        description="The Transformer of 'Attention Is All You Need': translation with n-best and "
+                    "cross-attention. Errors are JSON `{error, message}`.",
+        version=_version(), lifespan=lifespan,
+        responses={422: {"model": ErrorBody, "description": "invalid request"},
+                   400: {"model": ErrorBody, "description": "malformed JSON"}},
+    )
+    app.state.service = service
+    app.state.metrics = metrics
+    app.state.settings = settings
+
+    # ------------------------------------------------------------ error handlers
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc, metrics)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = list(exc.errors())
+        types = {str(e.get("type")) for e in errors}
+        ctype = request.headers.get("content-type", "")
+        if ctype and "json" not in ctype.lower():
+            # FastAPI does not parse a non-JSON body, so its errors would only confuse.
+            err = APIError(415, "unsupported_media", f"expected Content-Type application/json, got {ctype}")
+        elif "json_invalid" in types:
+            e = next(e for e in errors if e.get("type") == "json_invalid")
+            ctx = e.get("ctx") or {}
+            err = APIError(400, "malformed_json", f"request body is not valid JSON: {ctx.get('error', e.get('msg'))}")
+        elif "extra_forbidden" in types:
+            names = [_where(e["loc"]) for e in errors if e.get("type") == "extra_forbidden"]
+            known = ", ".join(TranslateRequest.model_fields)
+            err = APIError(422, "unknown_field", f"unknown field(s): {', '.join(names)}; known fields: {known}",
+                           _jsonable_details(errors))
+        else:
+            first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            err = APIError(422, "invalid_request", f"{_where(first.get('loc', ()))}: {first.get('msg')}{more}",
+                           _jsonable_details(errors))
+        return error_response(err, metrics)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {404: "not_found", 405: "method_not_allowed"}
+        err = APIError(exc.status_code, codes.get(exc.status_code, f"http_{exc.status_code}"), str(exc.detail),
+                       headers=getattr(exc, "headers", None))
+        return error_response(err, metrics)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(APIError(500, "internal_error", "internal server error (see the server log)"),
+                              metrics)
+
+    # ------------------------------------------------------------ routes
+    @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True,
+              summary="Translate texts", tags=["translation"])
+    async def translate(req: TranslateRequest) -> dict[str, Any]:
+        return await service.translate(req)
+
+    @app.get("/v1/model", summary="Model configuration, languages, vocabulary, parameters", tags=["model"])
+    async def model_info() -> dict[str, Any]:
+        return service.model_info()
+
+    @app.get("/health", summary="Liveness", tags=["ops"])
+    async def health() -> JSONResponse:
+        if service.closing:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        return JSONResponse({"status": "ok", "queue": service.batcher.depth})
+
+    @app.get("/metrics", summary="Prometheus metrics", tags=["ops"], response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+    # Outermost first in the request's path: metrics see everything, including 413s.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("aiayn")
+    except Exception:  # noqa: BLE001 - not installed (running from a source tree)
+        return "0"
