@@ -161,7 +161,7 @@ def binarize(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, out_dir: st
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) <= 65535 else np.int32
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = make_temp_dir(out_dir)
     try:
         stats = _write_split(pairs, tokenizer, tmp, dtype, filters)
         dropped = Counter(pre_dropped or {})
@@ -214,6 +214,13 @@ def binarize_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike, tok
         return corpus.pairs
 
     return binarize_cached(make, tokenizer, out_dir, key, filters, lambda: holder.get("dropped", {}))
+
+
+def make_temp_dir(final: Path) -> Path:
+    """An empty sibling of ``final`` (same filesystem, so a rename moves it into place)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would make the finished directory private
+    return tmp
 
 
 def read_key(directory: Path) -> str | None:

@@ -201,8 +201,10 @@ def iter_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
         t = next(tgt_it, sentinel)
         if s is sentinel or t is sentinel:
             if s is not sentinel or t is not sentinel:
-                n_src = s_stats.lines + (0 if s is sentinel else 1 + sum(1 for _ in src_it))
-                n_tgt = t_stats.lines + (0 if t is sentinel else 1 + sum(1 for _ in tgt_it))
+                # Count the longer file to the end (its reader's counter includes every line).
+                for _ in src_it if s is not sentinel else tgt_it:
+                    pass
+                n_src, n_tgt = s_stats.lines, t_stats.lines
                 raise DataError(
                     f"line counts differ: {src_path} has {n_src} lines, {tgt_path} has {n_tgt} lines "
                     f"(the files must be line-aligned translations)")
@@ -212,11 +214,12 @@ def iter_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike,
             stats.dropped["invalid_utf8"] += 1
             continue
         yield s, t  # type: ignore[misc]
-    stats.replaced = s_stats.replaced + t_stats.replaced
-    if stats.replaced:
+    replaced = s_stats.replaced + t_stats.replaced
+    stats.replaced += replaced
+    if replaced:
         log.warning("%s / %s: %d line(s) with invalid UTF-8 decoded with replacement characters",
-                    src_path, tgt_path, stats.replaced)
-    if on_invalid_utf8 == "skip" and not drop_invalid and stats.replaced:
+                    src_path, tgt_path, replaced)
+    if on_invalid_utf8 == "skip" and not drop_invalid and replaced:
         log.warning("evaluation data is never filtered: invalid UTF-8 was replaced, not skipped")
 
 
@@ -237,7 +240,7 @@ def iter_tsv(path: str | os.PathLike, on_invalid_utf8: str = "error", drop_inval
             raise DataError(f"{path}:{lineno}: expected 2 tab-separated columns (source<TAB>target), "
                             f"found {len(cols)}")
         yield cols[0].strip(), cols[1].strip()
-    stats.replaced = line_stats.replaced
+    stats.replaced += line_stats.replaced
 
 
 def read_parallel(src_path: str | os.PathLike, tgt_path: str | os.PathLike | None = None,

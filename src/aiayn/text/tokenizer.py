@@ -241,10 +241,24 @@ def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, ch
     if model_type == "word":
         # Symbols like "s10" must stay whole, digits included.
         options["split_digits"] = False
+    # An error raised while reading the text (bad UTF-8, misaligned files...) would come back
+    # wrapped in SentencePiece's RuntimeError; keep it and re-raise it as it was.
+    failure: list[BaseException] = []
+
+    def guarded() -> Iterator[str]:
+        try:
+            yield from sentences
+        except Exception as exc:  # re-raised below, unchanged
+            failure.append(exc)
+
     try:
-        spm.SentencePieceTrainer.train(sentence_iterator=sentences, model_writer=buf, **options)
+        spm.SentencePieceTrainer.train(sentence_iterator=guarded(), model_writer=buf, **options)
     except RuntimeError as exc:
+        if failure:
+            raise failure[0] from None
         raise DataError(f"SentencePiece training failed: {exc}") from None
+    if failure:
+        raise failure[0]
     return buf.getvalue()
 
 

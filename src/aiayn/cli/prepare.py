@@ -1,0 +1,156 @@
+"""`aiayn prepare`: tokenizer + binarized splits + summary.json from a corpus, files or a task.
+
+Examples::
+
+    aiayn prepare --dataset multi30k --src en --tgt de --data-dir ../shared/data \\
+        --vocab-size 8000 --out data-bin/multi30k.en-de
+    aiayn prepare --train-src train.en --train-tgt train.de --valid-src dev.en \\
+        --valid-tgt dev.de --out data-bin/mine
+    aiayn prepare --synthetic reverse --out data-bin/reverse
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from aiayn.config import DataConfig, load_config
+from aiayn.errors import DataError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "prepare", help="train the tokenizer and binarize a corpus",
+        description="Train SentencePiece and binarize train/valid/test into OUT, writing OUT/summary.json.")
+    p.add_argument("--out", required=True, help="output directory (the prepared data)")
+    p.add_argument("--config", help="YAML experiment file; its data section gives the defaults")
+    p.add_argument("--task", choices=("translation", "parsing"), default="translation",
+                   help="translation (default), or constituency parsing of the Penn Treebank")
+    src = p.add_argument_group("sources")
+    src.add_argument("--dataset", help="known corpus: multi30k | wmt14_en_de | wmt14_en_fr")
+    src.add_argument("--src", dest="src_lang", help="source language (default en)")
+    src.add_argument("--tgt", dest="tgt_lang", help="target language (default de)")
+    src.add_argument("--data-dir", help="mirror folder holding the corpus files (else $AIAYN_DATA_MIRROR, "
+                                        "else download)")
+    src.add_argument("--download-dir", help="where downloads and extracted archives are kept")
+    src.add_argument("--valid-split", help="dataset split for validation (multi30k: val)")
+    src.add_argument("--test-split", help="dataset split for test (multi30k: test_2016_flickr)")
+    for role in ("train", "valid", "test"):
+        src.add_argument(f"--{role}-src", help=f"{role} source file (plain or .gz)")
+        src.add_argument(f"--{role}-tgt", help=f"{role} target file, line-aligned with --{role}-src")
+        src.add_argument(f"--{role}-tsv", help=f"{role} pairs as one source<TAB>target file")
+    src.add_argument("--synthetic", choices=("copy", "reverse", "sort", "toy"), help="a synthetic task")
+    src.add_argument("--synthetic-train-size", type=int)
+    src.add_argument("--synthetic-valid-size", type=int)
+    src.add_argument("--ptb-dir", help="--task parsing: folder of Penn Treebank .mrg files "
+                                       "(default DATA_DIR/ptb-sample)")
+    tok = p.add_argument_group("tokenizer")
+    tok.add_argument("--vocab-size", type=int, help="SentencePiece vocabulary size (default 8000)")
+    tok.add_argument("--separate-vocab", action="store_true",
+                     help="separate source and target models instead of one joint vocabulary")
+    tok.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size (with --separate-vocab)")
+    tok.add_argument("--spm-model-type", choices=("bpe", "unigram", "word"))
+    tok.add_argument("--tgt-spm-model-type", choices=("bpe", "unigram", "word"))
+    tok.add_argument("--character-coverage", type=float)
+    tok.add_argument("--spm-input-sentence-size", type=int,
+                     help="sentences sampled for SentencePiece training (0 = all)")
+    tok.add_argument("--seed", type=int)
+    flt = p.add_argument_group("filters (training data only)")
+    flt.add_argument("--max-len", type=int, help="drop training pairs with a side over this many pieces")
+    flt.add_argument("--max-len-ratio", type=float, help="drop training pairs whose length ratio exceeds this")
+    flt.add_argument("--on-invalid-utf8", choices=("error", "replace", "skip"),
+                     help="invalid UTF-8: stop (default), replace characters, or skip the pair")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+_FIELDS = ("dataset", "src_lang", "tgt_lang", "data_dir", "download_dir", "valid_split", "test_split",
+           "train_src", "train_tgt", "train_tsv", "valid_src", "valid_tgt", "valid_tsv",
+           "test_src", "test_tgt", "test_tsv", "synthetic", "synthetic_train_size",
+           "synthetic_valid_size", "vocab_size", "tgt_vocab_size", "spm_model_type",
+           "tgt_spm_model_type", "character_coverage", "spm_input_sentence_size", "seed",
+           "max_len", "max_len_ratio", "on_invalid_utf8")
+
+
+def config_from_args(args: argparse.Namespace) -> DataConfig:
+    base = load_config(args.config).data if args.config else DataConfig()
+    changes: dict[str, Any] = {f: getattr(args, f) for f in _FIELDS if getattr(args, f) is not None}
+    if args.separate_vocab:
+        changes["joint_vocab"] = False
+    cfg = dataclasses.replace(base, **changes)
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.task == "parsing":
+        return _run_parsing(args)
+    from aiayn.data.prepare import prepare_data
+
+    cfg = config_from_args(args)
+    summary = prepare_data(cfg, args.out, progress=not args.quiet)
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
+    else:
+        print_summary(summary, Path(args.out))
+    return 0
+
+
+def print_summary(summary: dict[str, Any], out: Path) -> None:
+    src = summary.get("source", {})
+    what = src.get("dataset") or (f"synthetic:{src['synthetic']}" if src.get("synthetic") else "files")
+    print(f"prepared {what} {src.get('src_lang')}-{src.get('tgt_lang')} -> {out}")
+    for role, s in summary["splits"].items():
+        dropped = s.get("dropped") or {}
+        why = ", ".join(f"{k} {v:,}" for k, v in dropped.items()) if dropped else "none"
+        print(f"  {role:<5} {s.get('name', ''):<18} pairs {s.get('pairs', 0):>9,}   dropped {why:<24} "
+              f"tokens src {s.get('src_tokens', 0):>11,} tgt {s.get('tgt_tokens', 0):>11,}")
+    if summary.get("joint_vocab", True):
+        print(f"  vocabulary {summary.get('vocab_size', 0):,} (joint)")
+    else:
+        print(f"  vocabulary source {summary.get('src_vocab_size', 0):,}, "
+              f"target {summary.get('tgt_vocab_size', 0):,}")
+    reused = [k for k, v in summary.get("reused", {}).items() if v]
+    if reused:
+        print(f"  reused unchanged: {', '.join(reused)}")
+    times = summary.get("time_s", {})
+    print(f"  time {times.get('total', 0):.1f} s; summary in {out / 'summary.json'}")
+
+
+def _run_parsing(args: argparse.Namespace) -> int:
+    try:
+        trees = importlib.import_module("aiayn.data.trees")
+    except ModuleNotFoundError as exc:
+        if exc.name != "aiayn.data.trees":
+            raise
+        trees = None
+    prepare_parsing = getattr(trees, "prepare_parsing", None)
+    if prepare_parsing is None:
+        raise DataError("--task parsing is not available yet (aiayn.data.trees.prepare_parsing is missing)")
+    if args.ptb_dir:
+        ptb = Path(args.ptb_dir)
+    elif args.data_dir:
+        ptb = Path(args.data_dir) / "ptb-sample"
+    else:
+        raise DataError("--task parsing needs --ptb-dir (or --data-dir holding ptb-sample/)")
+    opts: dict[str, Any] = {}
+    for name in ("vocab_size", "tgt_vocab_size", "seed"):
+        if getattr(args, name) is not None:
+            opts[name] = getattr(args, name)
+    t0 = time.perf_counter()
+    summary = prepare_parsing(ptb, Path(args.out), **opts)
+    if args.json:
+        print(json.dumps(summary, indent=2, ensure_ascii=False))
+    elif isinstance(summary, dict) and "splits" in summary:
+        summary.setdefault("time_s", {"total": time.perf_counter() - t0})
+        summary.setdefault("source", {"dataset": "ptb", "src_lang": "words", "tgt_lang": "trees"})
+        print_summary(summary, Path(args.out))
+    else:
+        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+    return 0

@@ -1,0 +1,496 @@
+"""`aiayn prepare`: text in, a self-contained prepared-data directory out.
+
+Layout of a prepared directory::
+
+    spm.model                    joint SentencePiece model (or spm.src.model + spm.tgt.model)
+    train/ valid/ test/          binarized splits (aiayn.data.binarize), memory-mapped
+    valid.src.txt valid.tgt.txt  every line of the validation set, for BLEU references
+    test.src.txt  test.tgt.txt   every line of the test set
+    summary.json                 pairs kept / dropped per split and why, vocabulary, tokens,
+                                 timings, and the keys that decide what can be reused
+
+Sources, per role (train / valid / test), first match wins: explicit files
+(``train_src`` + ``train_tgt``, or ``train_tsv``), a known ``dataset`` (fetched through
+:mod:`aiayn.data.datasets` from the mirror ``data_dir`` / ``$AIAYN_DATA_MIRROR`` or the
+network), or a ``synthetic`` task (generated from ``seed``; word-level SentencePiece model
+so that each symbol is one token, vocabulary sized to the symbols).
+
+Only training pairs are filtered (empty, too long, length ratio; see
+:mod:`aiayn.data.corpus`); validation and test keep every line, so scores cover the full
+sets. The directory is built in a temporary sibling and swapped in at the end: an error
+leaves the previous directory (or nothing) behind, never a partial one. Rebuilding reuses
+the tokenizer and any binarized split whose inputs (hashed) did not change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiayn.config import DataConfig
+from aiayn.data import datasets as ds
+from aiayn.data.binarize import (
+    FORMAT_VERSION,
+    TokenDataset,
+    binarize,
+    cache_key,
+    file_digest,
+    make_temp_dir,
+    read_key,
+)
+from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
+from aiayn.data.synthetic import generate
+from aiayn.errors import ConfigError, DataError
+from aiayn.text.tokenizer import Tokenizer, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+ROLES = ("train", "valid", "test")
+SUMMARY = "summary.json"
+PREPARE_VERSION = 1
+
+
+# ------------------------------------------------------------------------- sources
+
+
+@dataclass
+class Source:
+    """Where one role's pairs come from, and a tag identifying that content."""
+
+    role: str
+    name: str  # corpus split name ("val", "test_2016_flickr"), or file name(s)
+    tag: str  # content identity for cache keys: checksums / file hashes / generator params
+    open: Callable[[bool, ReadStats], Iterator[tuple[str, str]]]  # (drop_invalid, stats) -> pairs
+    files: list[str] = field(default_factory=list)
+
+
+def _file_source(role: str, src: str | None, tgt: str | None, tsv: str | None, on_invalid: str
+                 ) -> Source | None:
+    if tsv is not None:
+        if src is not None or tgt is not None:
+            raise ConfigError(f"data.{role}_tsv: give either {role}_tsv or {role}_src + {role}_tgt")
+        path = Path(tsv)
+        return Source(role, path.name, "tsv:" + file_digest(path),
+                      lambda drop, st: iter_tsv(path, on_invalid, drop, st), [str(path)])
+    if src is None and tgt is None:
+        return None
+    if src is None or tgt is None:
+        missing = f"{role}_tgt" if tgt is None else f"{role}_src"
+        raise ConfigError(f"data.{missing}: {role}_src and {role}_tgt go together")
+    sp, tp = Path(src), Path(tgt)
+    tag = "files:" + file_digest(sp) + ":" + file_digest(tp)
+    return Source(role, f"{sp.name} / {tp.name}", tag,
+                  lambda drop, st: iter_parallel(sp, tp, on_invalid, drop, st), [str(sp), str(tp)])
+
+
+def _split_name(info: ds.DatasetInfo, requested: str, role: str) -> str:
+    if requested in info.splits:
+        return requested
+    generic = DataConfig.valid_split if role == "valid" else DataConfig.test_split
+    if requested == generic:  # the config default names a Multi30k split
+        return info.default_valid if role == "valid" else info.default_test
+    raise ConfigError(f"data.{role}_split: {info.name} has no split {requested!r}; "
+                      f"choose from {', '.join(info.splits)}")
+
+
+def _dataset_source(cfg: DataConfig, role: str, progress: bool) -> Source:
+    assert cfg.dataset is not None
+    info = ds.get_dataset(cfg.dataset)
+    for lang, what in ((cfg.src_lang, "src_lang"), (cfg.tgt_lang, "tgt_lang")):
+        if lang not in info.languages:
+            raise ConfigError(f"data.{what}: {info.name} has no language {lang!r} "
+                              f"(languages: {', '.join(info.languages)})")
+    if cfg.src_lang == cfg.tgt_lang:
+        raise ConfigError("data.tgt_lang: source and target language are the same")
+    split = "train" if role == "train" else _split_name(
+        info, cfg.valid_split if role == "valid" else cfg.test_split, role)
+    mirror = cfg.data_dir if cfg.data_dir is not None else ds.default_mirror()
+    src_parts = ds.parts(info.name, split, cfg.src_lang)
+    tgt_parts = ds.parts(info.name, split, cfg.tgt_lang)
+    # The identity comes from the table (checksums, or the official URL where none is
+    # known), so an up-to-date prepared directory is recognized without the raw files.
+    ids = []
+    names = []
+    for part, lang in [(p, cfg.src_lang) for p in src_parts] + [(p, cfg.tgt_lang) for p in tgt_parts]:
+        member = (part.member or "").format(lang=lang, role="src" if lang == cfg.src_lang else "ref")
+        ids.append(f"{part.file.sha256 or part.file.md5 or part.file.url}:{member}")
+        names.append(part.file.name + (f":{member}" if member else ""))
+    tag = f"{info.name}:{split}:{cfg.src_lang}-{cfg.tgt_lang}:" + "|".join(ids)
+    on_invalid = cfg.on_invalid_utf8
+    fetched: list[tuple[Path, Path, str]] = []
+
+    def open_(drop: bool, stats: ReadStats) -> Iterator[tuple[str, str]]:
+        if not fetched:  # fetch (verify, extract) once, on first use
+            fetched.extend(ds.split_files(info.name, split, cfg.src_lang, cfg.tgt_lang,
+                                          cache_dir=cfg.download_dir, mirror=mirror, progress=progress))
+        for src, tgt, _ in fetched:
+            yield from iter_parallel(src, tgt, on_invalid, drop, stats)
+
+    return Source(role, split, tag, open_, names)
+
+
+def _synthetic_source(cfg: DataConfig, role: str) -> Source:
+    assert cfg.synthetic is not None
+    n = cfg.synthetic_train_size if role == "train" else cfg.synthetic_valid_size
+    # Different seeds per role: the held-out sets are fresh samples of the same task.
+    seed = cfg.seed * 1000 + ROLES.index(role)
+    params = dict(task=cfg.synthetic, n=n, seed=seed, min_len=cfg.synthetic_min_len,
+                  max_len=cfg.synthetic_max_len, vocab=cfg.synthetic_vocab)
+
+    def open_(drop: bool, stats: ReadStats) -> Iterator[tuple[str, str]]:
+        pairs = generate(**params)  # type: ignore[arg-type]
+        stats.lines = len(pairs)
+        return iter(pairs)
+
+    return Source(role, f"synthetic:{cfg.synthetic}", "synthetic:" + json.dumps(params, sort_keys=True),
+                  open_)
+
+
+def resolve_sources(cfg: DataConfig, progress: bool = True) -> dict[str, Source]:
+    """The source of each role that has one (train is required)."""
+    if cfg.dataset is not None and cfg.synthetic is not None:
+        raise ConfigError("data.synthetic: give either a dataset or a synthetic task, not both")
+    out: dict[str, Source] = {}
+    for role in ROLES:
+        src = _file_source(role, getattr(cfg, f"{role}_src"), getattr(cfg, f"{role}_tgt"),
+                           getattr(cfg, f"{role}_tsv"), cfg.on_invalid_utf8)
+        if src is None and cfg.dataset is not None:
+            src = _dataset_source(cfg, role, progress)
+        if src is None and cfg.synthetic is not None:
+            src = _synthetic_source(cfg, role)
+        if src is not None:
+            out[role] = src
+    if "train" not in out:
+        raise ConfigError("data: no training data; give a dataset (--dataset), files "
+                          "(--train-src/--train-tgt or --train-tsv) or a synthetic task (--synthetic)")
+    return out
+
+
+# -------------------------------------------------------------------------- keys
+
+
+def _filters(cfg: DataConfig) -> FilterConfig:
+    return FilterConfig(max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio)
+
+
+def _spm_settings(cfg: DataConfig) -> dict[str, Any]:
+    word = cfg.synthetic is not None and cfg.dataset is None
+    return dict(
+        joint=cfg.joint_vocab,
+        model_type="word" if word else cfg.spm_model_type,
+        tgt_model_type=None if word else cfg.tgt_spm_model_type,
+        vocab_size=None if word else cfg.vocab_size,  # synthetic: sized to the symbols
+        tgt_vocab_size=None if word else cfg.tgt_vocab_size,
+        character_coverage=cfg.character_coverage,
+        input_sentence_size=cfg.spm_input_sentence_size,
+        seed=cfg.seed,
+    )
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _tokenizer_key(cfg: DataConfig, train: Source) -> str:
+    return _digest("tokenizer", PREPARE_VERSION, train.tag, cfg.on_invalid_utf8, _spm_settings(cfg))
+
+
+def input_key(cfg: DataConfig, sources: dict[str, Source]) -> str:
+    """Everything the prepared directory depends on (contents, not paths)."""
+    return _digest("prepared", PREPARE_VERSION, FORMAT_VERSION, {r: s.tag for r, s in sources.items()},
+                   _spm_settings(cfg), dataclasses.asdict(_filters(cfg)), cfg.on_invalid_utf8,
+                   cfg.src_lang, cfg.tgt_lang)
+
+
+# ------------------------------------------------------------------------ prepare
+
+
+def read_summary(prepared_dir: str | os.PathLike) -> dict[str, Any]:
+    path = Path(prepared_dir) / SUMMARY
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{prepared_dir}: not a prepared-data directory (no {SUMMARY}); "
+                        f"run `aiayn prepare`") from None
+    except (OSError, ValueError) as exc:
+        raise DataError(f"{path}: unreadable ({exc})") from None
+
+
+def _old_summary(out: Path) -> dict[str, Any]:
+    try:
+        return read_summary(out)
+    except DataError:
+        return {}
+
+
+def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
+    """Build the prepared directory ``out_dir`` from ``cfg``; return (and write) the summary."""
+    t0 = time.perf_counter()
+    cfg.validate()
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY).is_file():
+        raise DataError(f"{out}: refusing to overwrite a non-empty directory that is not a prepared-data "
+                        f"directory (no {SUMMARY}); choose another --out")
+    sources = resolve_sources(cfg, progress)
+    old = _old_summary(out)
+    timings: dict[str, float] = {}
+    reused: dict[str, bool] = {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir(out)
+    try:
+        # 1. Tokenizer: reuse the previous one if trained on the same text with the same settings.
+        t = time.perf_counter()
+        tok_key = _tokenizer_key(cfg, sources["train"])
+        tokenizer = None
+        if old.get("tokenizer_key") == tok_key:
+            try:
+                tokenizer = Tokenizer.load(out)
+                tokenizer.save(tmp)
+                reused["tokenizer"] = True
+            except DataError:
+                tokenizer = None
+        if tokenizer is None:
+            tokenizer = _train(cfg, sources["train"], tmp)
+            reused["tokenizer"] = False
+        timings["tokenizer"] = time.perf_counter() - t
+
+        # 2. Binarized splits, each keyed by its inputs, the tokenizer and the filters.
+        splits: dict[str, dict[str, Any]] = {}
+        for role, source in sources.items():
+            t = time.perf_counter()
+            filters = _filters(cfg) if role == "train" else None
+            key = cache_key([source.tag], tokenizer, filters, on_invalid_utf8=cfg.on_invalid_utf8)
+            stats = ReadStats()
+            dataset = None
+            if read_key(out / role) == key and (role == "train" or _has_text(out, role)):
+                try:
+                    dataset = _reuse_split(out, tmp, role)
+                    reused[role] = True
+                except (DataError, OSError):
+                    dataset = None
+            if dataset is None:
+                dataset = _build_split(source, role, tokenizer, tmp, filters, key, stats)
+                reused[role] = False
+            meta = dataset.meta
+            splits[role] = {
+                "name": source.name,
+                "pairs": int(meta["pairs"]),
+                "lines": int(meta.get("lines", meta["pairs"])),
+                "dropped": dict(meta["dropped"]),
+                "tokens": int(meta["src_tokens"]) + int(meta["tgt_tokens"]),
+                "src_tokens": int(meta["src_tokens"]),
+                "tgt_tokens": int(meta["tgt_tokens"]),
+                "replaced_invalid_utf8": int(meta.get("replaced", 0)),
+                "files": source.files,
+            }
+            timings[role] = time.perf_counter() - t
+
+        summary = {
+            "format_version": PREPARE_VERSION,
+            "source": {"dataset": cfg.dataset, "synthetic": cfg.synthetic,
+                       "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang},
+            "splits": splits,
+            "vocab_size": tokenizer.src_vocab_size,
+            "src_vocab_size": tokenizer.src_vocab_size,
+            "tgt_vocab_size": tokenizer.tgt_vocab_size,
+            "joint_vocab": tokenizer.joint,
+            "tokenizer_files": tokenizer.model_files,
+            "spm": _spm_settings(cfg),
+            "filters": dataclasses.asdict(_filters(cfg)),
+            "on_invalid_utf8": cfg.on_invalid_utf8,
+            "input_key": input_key(cfg, sources),
+            "tokenizer_key": tok_key,
+            "reused": reused,
+            "time_s": {k: round(v, 3) for k, v in timings.items()},
+            "config": dataclasses.asdict(cfg),
+        }
+        summary["time_s"]["total"] = round(time.perf_counter() - t0, 3)
+        (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("prepared %s in %.1f s", out, summary["time_s"]["total"])
+    return summary
+
+
+def ensure_prepared(cfg: DataConfig, out_dir: str | os.PathLike) -> Path:
+    """``out_dir`` if it was prepared from exactly these inputs and settings; else prepare it."""
+    out = Path(out_dir)
+    old = _old_summary(out)
+    if old:
+        sources = resolve_sources(cfg, progress=False)
+        if old.get("input_key") == input_key(cfg, sources) and _complete(out, old):
+            log.info("%s: up to date", out)
+            return out
+    prepare_data(cfg, out)
+    return out
+
+
+def _complete(out: Path, summary: dict[str, Any]) -> bool:
+    if not all((out / f).is_file() for f in summary.get("tokenizer_files", [])):
+        return False
+    return all((out / role / "meta.json").is_file() and (role == "train" or _has_text(out, role))
+               for role in summary.get("splits", {}))
+
+
+def _has_text(out: Path, role: str) -> bool:
+    return (out / f"{role}.src.txt").is_file() and (out / f"{role}.tgt.txt").is_file()
+
+
+def _train(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
+    settings = _spm_settings(cfg)
+
+    def side(i: int) -> Iterator[str]:
+        return (pair[i] for pair in train.open(True, ReadStats()))
+
+    if settings["model_type"] == "word":
+        # Synthetic: a word model with every symbol (each one token), nothing unknown.
+        pairs = list(train.open(True, ReadStats()))
+        src_syms = {w for s, _ in pairs for w in s.split()}
+        tgt_syms = {w for _, t in pairs for w in t.split()}
+        specials = 4
+        vocab = len(src_syms | tgt_syms) + specials if cfg.joint_vocab else len(src_syms) + specials
+        return train_tokenizer([s for s, _ in pairs], [t for _, t in pairs], tmp, vocab,
+                               joint=cfg.joint_vocab, model_type="word",
+                               tgt_vocab_size=len(tgt_syms) + specials, seed=cfg.seed,
+                               input_sentence_size=0)
+    log.info("training SentencePiece (%s, vocabulary %d%s)", settings["model_type"], cfg.vocab_size,
+             ", joint" if cfg.joint_vocab else "")
+    return train_tokenizer(
+        _Lazy(lambda: side(0)), _Lazy(lambda: side(1)), tmp, cfg.vocab_size, joint=cfg.joint_vocab,
+        character_coverage=cfg.character_coverage, model_type=cfg.spm_model_type,
+        input_sentence_size=cfg.spm_input_sentence_size, tgt_vocab_size=cfg.tgt_vocab_size,
+        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed)
+
+
+class _Lazy:
+    """An iterable of sentences read afresh on each pass (a corpus can be larger than RAM)."""
+
+    def __init__(self, make: Callable[[], Iterator[str]]) -> None:
+        self._make = make
+
+    def __iter__(self) -> Iterator[str]:
+        return self._make()
+
+
+def _build_split(source: Source, role: str, tokenizer: Tokenizer, tmp: Path,
+                 filters: FilterConfig | None, key: str, stats: ReadStats) -> TokenDataset:
+    train = role == "train"
+    pairs = source.open(train, stats)
+    if not train:
+        # Evaluation text is kept verbatim (all lines) for BLEU references.
+        pairs_list = list(pairs)
+        _write_text(tmp / f"{role}.src.txt", (s for s, _ in pairs_list))
+        _write_text(tmp / f"{role}.tgt.txt", (t for _, t in pairs_list))
+        pairs = iter(pairs_list)
+    dataset = binarize(pairs, tokenizer, tmp / role, filters, key)
+    # Reading-stage drops (invalid UTF-8 under `skip`) join the filter counts in meta.json.
+    meta_path = tmp / role / "meta.json"
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    dropped = Counter(meta["dropped"])
+    dropped.update(stats.dropped)
+    meta.update(dropped={k: int(v) for k, v in sorted(dropped.items())}, lines=stats.lines,
+                replaced=stats.replaced)
+    meta_path.write_text(json.dumps(meta, indent=2), encoding="utf-8")
+    if not dataset.meta["pairs"] and train:
+        raise DataError(f"{source.name}: no training pairs left after filtering "
+                        f"(dropped: {meta['dropped']})")
+    if not train and dataset.meta["pairs"] != stats.lines:
+        raise AssertionError("evaluation data must keep every line")
+    return TokenDataset(tmp / role)
+
+
+def _reuse_split(out: Path, tmp: Path, role: str) -> TokenDataset:
+    _link_tree(out / role, tmp / role)
+    if role != "train":
+        for side in ("src", "tgt"):
+            _link_file(out / f"{role}.{side}.txt", tmp / f"{role}.{side}.txt")
+    log.info("%s: reusing the binarized %s split", out, role)
+    return TokenDataset(tmp / role)
+
+
+def _link_file(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)  # same filesystem: no copy
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True)
+    for item in src.iterdir():
+        if item.is_file():
+            _link_file(item, dst / item.name)
+
+
+def _write_text(path: Path, lines: Iterator[str]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(line + "\n")
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by the finished ``tmp``: rename the old away, rename the new in, delete the old."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -------------------------------------------------------------------------- loading
+
+
+def load_split(prepared_dir: str | os.PathLike, role: str) -> TokenDataset:
+    """The binarized ``train`` / ``valid`` / ``test`` split of a prepared directory."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    directory = Path(prepared_dir) / role
+    if not directory.is_dir():
+        raise DataError(f"{prepared_dir}: has no {role} split (prepare it with a {role} set)")
+    return TokenDataset(directory)
+
+
+def load_tokenizer(prepared_dir: str | os.PathLike) -> Tokenizer:
+    return Tokenizer.load(prepared_dir)
+
+
+def split_text(prepared_dir: str | os.PathLike, role: str) -> tuple[list[str], list[str]]:
+    """Source and target sentences of a split.
+
+    valid/test: the raw lines, all of them (BLEU references). train: the kept pairs decoded
+    from their ids (SentencePiece-normalized text; the raw training text is not stored).
+    """
+    directory = Path(prepared_dir)
+    if role == "train":
+        data, tok = load_split(directory, "train"), load_tokenizer(directory)
+        pairs = [data[i] for i in range(len(data))]
+        return [tok.decode_src(s) for s, _ in pairs], [tok.decode_tgt(t) for _, t in pairs]
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    out = []
+    for side in ("src", "tgt"):
+        path = directory / f"{role}.{side}.txt"
+        if not path.is_file():
+            raise DataError(f"{path}: not found; prepare {prepared_dir} with a {role} set")
+        # Bytes, not read_text(): universal newlines would split a sentence at a stray \r.
+        text = path.read_bytes().decode("utf-8")
+        out.append(text.split("\n")[:-1] if text else [])
+    return out[0], out[1]
