@@ -1,0 +1,476 @@
+"""Search over a step function: greedy, batched beam search, sampling.
+
+The search knows nothing about the Transformer. It drives any object that follows the
+:class:`DecoderModel` protocol (``init_state`` / ``step`` / ``reorder``); the Transformer is
+adapted to it in :mod:`aiayn.inference.adapters`, and the tests drive the very same code
+with a scripted model whose probabilities are fixed, so expected hypotheses are known
+exactly (the fairseq approach).
+
+Conventions (shared by the three searches):
+
+* ``src`` is a right-padded (B, S) id tensor; a sentence's source length ``|x|`` is its
+  number of non-pad ids (the EOS included, as fairseq counts it).
+* Lengths count output tokens *without* the final EOS: ``min_len`` tokens must come before
+  EOS may, and after ``max_len = int(max_len_a * |x| + max_len_b)`` tokens only EOS may
+  (section 6.1: "maximum output length = input length + 50"), so a model that never emits
+  EOS still stops. Every hypothesis therefore ends with EOS; ``tokens`` omit it and the
+  attention has one row more (the EOS step).
+* The length ``|Y|`` in the length penalty counts the EOS (fairseq, tensor2tensor):
+  ``gnmt``: lp = ((5 + |Y|) / 6)^alpha (the paper's setting, alpha = 0.6);
+  ``fairseq``: lp = |Y|^alpha. A hypothesis' score is its summed log-probability / lp.
+* The hot path is vectorised over (sentences x beams): one model step per time step for
+  the whole batch, one top-k over beam*vocab per sentence, and one ``reorder`` that both
+  follows the beam parents and drops the rows of sentences that are done. Python loops
+  run only over hypotheses that have just finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from aiayn.config import DecodeConfig
+
+logger = logging.getLogger(__name__)
+
+# The special ids of aiayn.text.tokenizer; repeated here so that the search can be used
+# (and tested) without a tokenizer. Every search function takes them as arguments too.
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+NEG_INF = float("-inf")
+# The log-probability given to a forced token (EOS at the maximum length, a prefix token)
+# that the model assigns probability 0.
+FORCED_FLOOR = -1e4
+
+
+class DecoderModel(Protocol):
+    """What a search needs from a model: an encoder state, one step, a reorder.
+
+    ``max_steps`` is the most decoder steps the model supports (its number of target
+    positions), or None for no limit.
+    """
+
+    max_steps: int | None
+
+    def init_state(self, src: Tensor, max_steps: int) -> Any:
+        """Encode ``src`` (B, S) and allocate whatever a step needs for ``max_steps`` steps."""
+        ...
+
+    def step(self, tokens: Tensor, state: Any, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Feed the previous tokens (R,) (BOS first) -> logits or log-probs (R, V) and, with
+        ``need_attn``, cross-attention weights (R, L, H, S) (any leading layout is fine as
+        long as the first dimension is R and the last is S)."""
+        ...
+
+    def reorder(self, state: Any, index: Tensor) -> Any:
+        """Keep rows ``index`` (R',) of the state in that order; R' may differ from R."""
+        ...
+
+
+@dataclass
+class SearchHypothesis:
+    """One finished output of a search."""
+
+    tokens: list[int]  # output ids, without the final EOS
+    score: float  # log_prob / length penalty; what hypotheses are ranked by
+    log_prob: float  # summed log-probabilities of tokens and EOS
+    # Cross-attention (L, H, T, S_i): T = len(tokens) + 1 (the EOS step), S_i the
+    # sentence's own source length. None unless attention was asked for.
+    attention: Tensor | None = None
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def length_penalty(length: Tensor | float, alpha: float, style: str = "gnmt") -> Tensor | float:
+    """The divisor of a summed log-probability for a hypothesis of ``length`` tokens
+    (EOS included). ``gnmt``: ((5 + |Y|) / 6)^alpha (Wu et al. 2016; the paper's alpha 0.6);
+    ``fairseq``: |Y|^alpha."""
+    if style == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if style == "fairseq":
+        return length ** alpha
+    raise ValueError(f"unknown length penalty style {style!r}")
+
+
+def source_lengths(src: Tensor, pad: int = PAD_ID) -> Tensor:
+    """(B, S) right-padded ids -> (B,) number of real ids."""
+    return (src != pad).sum(dim=1)
+
+
+def max_output_lengths(src_len: Tensor, cfg: DecodeConfig, model_max_steps: int | None,
+                       prefix_len: Tensor | None = None) -> Tensor:
+    """Per sentence, the most output tokens before EOS is forced: a*|x| + b, at least the
+    forced prefix, and at most what the model's positions allow (one step stays for EOS)."""
+    max_len = (src_len.double() * cfg.max_len_a + cfg.max_len_b).long()
+    if prefix_len is not None:
+        max_len = torch.maximum(max_len, prefix_len)
+    if model_max_steps is not None:
+        max_len = max_len.clamp(max=model_max_steps - 1)
+    return max_len.clamp(min=0)
+
+
+def _prefix_tensor(prefix: list[list[int]] | None, n: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """Forced target prefixes -> (n, P) ids padded with -1, and their lengths (n,)."""
+    if prefix is None:
+        return torch.full((n, 0), -1, dtype=torch.long, device=device), torch.zeros(n, dtype=torch.long)
+    if len(prefix) != n:
+        raise ValueError(f"got {len(prefix)} prefixes for {n} sentences")
+    width = max((len(p) for p in prefix), default=0)
+    out = torch.full((n, width), -1, dtype=torch.long)
+    for i, p in enumerate(prefix):
+        if p:
+            out[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+    return out.to(device), torch.tensor([len(p) for p in prefix], dtype=torch.long)
+
+
+@dataclass
+class _Constraints:
+    """Everything that masks the next-token distribution at step t."""
+
+    min_len: int
+    no_repeat_ngram_size: int
+    pad: int
+    bos: int
+    eos: int
+
+    def apply(self, lprobs: Tensor, t: int, hist: Tensor, max_len_rows: Tensor,
+              prefix_rows: Tensor) -> Tensor:
+        """Mask ``lprobs`` (R, V) in place for step ``t`` (``t`` tokens generated so far).
+
+        hist (R, t): the tokens so far; max_len_rows (R,); prefix_rows (R, P), -1 = free.
+        """
+        at_max = t >= max_len_rows  # (R,) bool
+        forced = prefix_rows[:, t] if t < prefix_rows.size(1) else None
+        force_any = forced is not None and bool((forced >= 0).any())
+        # Values that forcing must keep even where the masks below remove them. A forced
+        # token the model gives probability 0 still gets a finite (very bad) score, so that a
+        # forced path is never mistaken for a dead beam (whose score is -inf).
+        eos_orig = lprobs[:, self.eos].clamp(min=FORCED_FLOOR)
+        if force_any:
+            forced_orig = lprobs.gather(1, forced.clamp(min=0)[:, None]).clamp(min=FORCED_FLOOR)
+        # PAD and BOS are never outputs.
+        lprobs[:, self.pad] = NEG_INF
+        lprobs[:, self.bos] = NEG_INF
+        if t < self.min_len:
+            lprobs[:, self.eos] = NEG_INF
+        n = self.no_repeat_ngram_size
+        if n > 0 and t >= n - 1:
+            if n == 1:
+                if t > 0:
+                    lprobs.scatter_(1, hist, NEG_INF)
+            elif t >= n:
+                # All n-grams so far (R, t-n+1, n); ban the last token of those whose first
+                # n-1 tokens equal the current suffix.
+                windows = hist.unfold(1, n, 1)
+                suffix = hist[:, t - n + 1:]  # (R, n-1)
+                match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (R, W)
+                rows, which = match.nonzero(as_tuple=True)
+                if rows.numel():
+                    lprobs[rows, windows[rows, which, -1]] = NEG_INF
+        if bool(at_max.any()):
+            # Only EOS from here: the max-length bound of section 6.1.
+            lprobs[at_max] = NEG_INF
+            lprobs[at_max, self.eos] = eos_orig[at_max]
+        if force_any:
+            rows = (forced >= 0).nonzero(as_tuple=True)[0]
+            lprobs[rows] = NEG_INF
+            lprobs[rows, forced[rows]] = forced_orig[rows, 0]
+        return lprobs
+
+
+def _constraints(cfg: DecodeConfig, pad: int, bos: int, eos: int) -> _Constraints:
+    return _Constraints(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
+
+
+def _log_probs(logits: Tensor) -> Tensor:
+    # float32 even when the model ran in bf16: beam scores accumulate over many steps.
+    return F.log_softmax(logits.float(), dim=-1)
+
+
+def _trim_attention(steps: Tensor, src_len: int) -> Tensor:
+    """(T, *inner, S) history of one hypothesis -> (*inner, T, S_i) without source padding."""
+    a = steps[..., :src_len].float()
+    return a.movedim(0, -2).contiguous()
+
+
+class _Finished:
+    """Finished hypotheses per sentence, plus the two per-sentence numbers the stopping
+    rule needs as tensors: how many have finished, and the score of the nbest-th best."""
+
+    def __init__(self, n: int, nbest: int) -> None:
+        self.hyps: list[list[SearchHypothesis]] = [[] for _ in range(n)]
+        self.nbest = nbest
+        self.count = torch.zeros(n, dtype=torch.long)
+        self.nbest_score = torch.full((n,), NEG_INF)
+
+    def add(self, sent: int, hyp: SearchHypothesis) -> None:
+        hyps = self.hyps[sent]
+        hyps.append(hyp)
+        hyps.sort(key=lambda h: -h.score)
+        self.count[sent] = len(hyps)
+        if len(hyps) >= self.nbest:
+            self.nbest_score[sent] = hyps[self.nbest - 1].score
+
+    def results(self) -> list[list[SearchHypothesis]]:
+        return [h[:self.nbest] for h in self.hyps]
+
+
+# ----------------------------------------------------------------------- searches
+
+
+def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
+           prefix: list[list[int]] | None = None, need_attn: bool = False,
+           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+    """Dispatch on ``cfg``: sampling, greedy (beam 1) or beam search.
+
+    Returns, per sentence of ``src``, up to ``cfg.nbest`` hypotheses, best first.
+    """
+    cfg.validate()
+    kwargs = dict(prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos)
+    if cfg.sampling:
+        return sample(model, src, cfg, **kwargs)
+    if cfg.beam == 1:
+        return greedy_search(model, src, cfg, **kwargs)
+    return beam_search(model, src, cfg, **kwargs)
+
+
+@torch.inference_mode()
+def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
+                prefix: list[list[int]] | None = None, need_attn: bool = False,
+                pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+    """Beam search batched over sentences x beams (``cfg.beam`` = K).
+
+    Each step scores all K*V continuations of a sentence's live beams and takes the 2K
+    best (at most K of them end in EOS, so K live ones always remain). EOS among the K
+    best finishes a hypothesis (fairseq's rule; it makes beam 1 equal greedy). A sentence
+    is done when K hypotheses have finished, or -- early termination -- when no live
+    hypothesis can reach the nbest-th best finished score even in the best case (its
+    log-probability cannot rise, and the length penalty is at most that of the longest
+    allowed output: tensor2tensor's bound), or when no live hypothesis is left. Done
+    sentences leave the batch at once.
+    """
+    device = src.device
+    n_sent = src.size(0)
+    k_beam = cfg.beam
+    cons = _constraints(cfg, pad, bos, eos)
+    src_len_all = source_lengths(src, pad).cpu()
+    prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
+    max_len_all = max_output_lengths(src_len_all, cfg, model.max_steps, prefix_len)
+    total_steps = int(max_len_all.max()) + 1 if n_sent else 0
+    fin = _Finished(n_sent, cfg.nbest)
+    if n_sent == 0:
+        return []
+    state = model.init_state(src, total_steps)
+
+    # Per live sentence (n,): its index in src, max length, prefix.
+    sent = torch.arange(n_sent)
+    max_len = max_len_all.to(device)
+    prefix_t = prefix_all
+    # The largest length penalty a live hypothesis may still get (at the longest allowed
+    # output; lp is monotone in the length, so the next length covers alpha < 0).
+    lp_at_max = length_penalty(max_len_all.double() + 1, cfg.lenpen, cfg.lenpen_style).float()
+    # Per row (R = n * k): scores (n, k), the tokens so far (R, t), attention history.
+    k = 1  # one row per sentence until the first step has produced K different beams
+    scores = torch.zeros(n_sent, 1, device=device)
+    hist = torch.empty(n_sent, 0, dtype=torch.long, device=device)
+    prev = torch.full((n_sent,), bos, dtype=torch.long, device=device)
+    attn_hist: Tensor | None = None
+
+    for t in range(total_steps):
+        n = sent.numel()
+        logits, attn = model.step(prev, state, need_attn)
+        lprobs = _log_probs(logits)  # (R, V)
+        vocab = lprobs.size(-1)
+        cons.apply(lprobs, t, hist, max_len.repeat_interleave(k), prefix_t.repeat_interleave(k, dim=0))
+        if attn is not None:
+            step_attn = attn.unsqueeze(1)  # (R, 1, ..., S)
+            attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], dim=1)
+
+        cand = (scores.unsqueeze(-1) + lprobs.view(n, k, vocab)).view(n, k * vocab)
+        n_cand = min(2 * k_beam, k * vocab)
+        top_scores, top_idx = cand.topk(n_cand, dim=1)  # (n, 2K), best first
+        top_beam = torch.div(top_idx, vocab, rounding_mode="floor")
+        top_tok = top_idx - top_beam * vocab
+        is_eos = top_tok == eos
+
+        # Finished: EOS among the K best candidates (with a finite score).
+        fin_mask = is_eos[:, :k_beam] & torch.isfinite(top_scores[:, :k_beam])
+        if bool(fin_mask.any()):
+            _record_beam_finished(fin, fin_mask, top_scores, top_beam, sent, hist, attn_hist,
+                                  src_len_all, k, t, cfg)
+
+        # Live: the K best candidates that do not end in EOS (stable order, best first).
+        offsets = torch.arange(n_cand, device=device)
+        rank = is_eos.long() * n_cand + offsets
+        sel = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
+        new_scores = top_scores.gather(1, sel)  # (n, K)
+        new_beam = top_beam.gather(1, sel)
+        new_tok = top_tok.gather(1, sel)
+
+        # Which sentences are done.
+        best_live = new_scores[:, 0].cpu()
+        lp_next = float(length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_style))
+        bound = best_live / lp_at_max[sent].clamp(min=lp_next)
+        count = fin.count[sent]
+        done = (count >= k_beam) | ~torch.isfinite(best_live)
+        done |= (count >= cfg.nbest) & (fin.nbest_score[sent] >= bound)
+        if bool(done.all()):
+            break
+        if bool(done.any()):
+            keep = (~done).nonzero(as_tuple=True)[0]
+            keep_dev = keep.to(device)
+            sent, max_len, prefix_t = sent[keep], max_len[keep_dev], prefix_t[keep_dev]
+            new_scores, new_beam, new_tok = new_scores[keep_dev], new_beam[keep_dev], new_tok[keep_dev]
+            parent = (keep_dev[:, None] * k + new_beam).view(-1)
+        else:
+            parent = (torch.arange(n, device=device)[:, None] * k + new_beam).view(-1)
+        k = new_scores.size(1)
+        state = model.reorder(state, parent)
+        scores = new_scores
+        prev = new_tok.view(-1)
+        hist = torch.cat([hist.index_select(0, parent), prev[:, None]], dim=1)
+        if attn_hist is not None:
+            attn_hist = attn_hist.index_select(0, parent)
+    logger.debug("beam search: %d sentences, beam %d, %d steps", n_sent, k_beam, t + 1)
+    return fin.results()
+
+
+def _record_beam_finished(fin: _Finished, fin_mask: Tensor, top_scores: Tensor, top_beam: Tensor,
+                          sent: Tensor, hist: Tensor, attn_hist: Tensor | None,
+                          src_len: Tensor, k: int, t: int, cfg: DecodeConfig) -> None:
+    """Store the hypotheses that ended with EOS at step ``t`` (t tokens before EOS)."""
+    lp = float(length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_style))
+    rows_i, cols_j = fin_mask.nonzero(as_tuple=True)
+    parents = rows_i * k + top_beam[rows_i, cols_j]
+    raw = top_scores[rows_i, cols_j].tolist()
+    toks = hist.index_select(0, parents).tolist()
+    for m, (i, parent) in enumerate(zip(rows_i.tolist(), parents.tolist())):
+        s = int(sent[i])
+        attention = None
+        if attn_hist is not None:
+            attention = _trim_attention(attn_hist[parent], int(src_len[s]))
+        fin.add(s, SearchHypothesis(tokens=toks[m], score=raw[m] / lp, log_prob=raw[m],
+                                    attention=attention))
+
+
+@torch.inference_mode()
+def greedy_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
+                  prefix: list[list[int]] | None = None, need_attn: bool = False,
+                  pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+    """The most probable token at each step; one hypothesis per sentence."""
+    return _sample_or_greedy(model, src, cfg, greedy=True, prefix=prefix, need_attn=need_attn,
+                             pad=pad, bos=bos, eos=eos)
+
+
+@torch.inference_mode()
+def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
+           prefix: list[list[int]] | None = None, need_attn: bool = False,
+           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+    """``cfg.nbest`` independent samples per sentence, best score first.
+
+    Each token is drawn from softmax(logits / temperature), restricted to the ``top_k``
+    most probable tokens and to the smallest set whose probability reaches ``top_p``
+    (nucleus). Scores are the model's own log-probabilities (temperature 1, unfiltered),
+    length-normalised like beam hypotheses. ``cfg.seed`` seeds a private generator, so a
+    call is reproducible; the draws depend on the batch's composition (as in fairseq).
+    """
+    return _sample_or_greedy(model, src, cfg, greedy=False, prefix=prefix, need_attn=need_attn,
+                             pad=pad, bos=bos, eos=eos)
+
+
+def _filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Set logits outside the top-k / nucleus to -inf, in place. logits (R, V)."""
+    vocab = logits.size(-1)
+    if 0 < top_k < vocab:
+        kth = logits.topk(top_k, dim=-1)[0][:, -1:]
+        logits.masked_fill_(logits < kth, NEG_INF)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the tokens before it already reach top_p (the first always stays).
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
+        logits.masked_fill_(drop, NEG_INF)
+    return logits
+
+
+def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, greedy: bool,
+                      prefix: list[list[int]] | None, need_attn: bool,
+                      pad: int, bos: int, eos: int) -> list[list[SearchHypothesis]]:
+    device = src.device
+    n_sent = src.size(0)
+    copies = 1 if greedy else cfg.nbest
+    cons = _constraints(cfg, pad, bos, eos)
+    src_len_all = source_lengths(src, pad).cpu()
+    prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
+    max_len_all = max_output_lengths(src_len_all, cfg, model.max_steps, prefix_len)
+    fin = _Finished(n_sent, copies)
+    if n_sent == 0:
+        return []
+    total_steps = int(max_len_all.max()) + 1
+    state = model.init_state(src, total_steps)
+    # One row per (sentence, sample).
+    row_sent = torch.arange(n_sent).repeat_interleave(copies)
+    if copies > 1:
+        state = model.reorder(state, row_sent.to(device))
+    max_len = max_len_all.repeat_interleave(copies).to(device)
+    prefix_t = prefix_all.repeat_interleave(copies, dim=0)
+    scores = torch.zeros(row_sent.numel(), device=device)
+    hist = torch.empty(row_sent.numel(), 0, dtype=torch.long, device=device)
+    prev = torch.full((row_sent.numel(),), bos, dtype=torch.long, device=device)
+    attn_hist: Tensor | None = None
+    gen = None
+    if not greedy:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(cfg.seed)
+
+    for t in range(total_steps):
+        logits, attn = model.step(prev, state, need_attn)
+        lprobs = cons.apply(_log_probs(logits), t, hist, max_len, prefix_t)
+        if attn is not None:
+            step_attn = attn.unsqueeze(1)
+            attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], dim=1)
+        if greedy:
+            tok = lprobs.argmax(dim=-1)
+        else:
+            # Masks carry over (-inf stays -inf); temperature and filters only shape the draw.
+            draw = _filter_top_k_top_p(lprobs / cfg.temperature, cfg.top_k, cfg.top_p)
+            tok = torch.multinomial(draw.softmax(dim=-1), 1, generator=gen)[:, 0]
+        scores = scores + lprobs.gather(1, tok[:, None])[:, 0]
+        ended = tok == eos
+        if bool(ended.any()):
+            lp = float(length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_style))
+            rows = ended.nonzero(as_tuple=True)[0]
+            raw = scores[rows].tolist()
+            toks = hist[rows].tolist()
+            for m, r in enumerate(rows.tolist()):
+                s = int(row_sent[r])
+                attention = None
+                if attn_hist is not None:
+                    attention = _trim_attention(attn_hist[r], int(src_len_all[s]))
+                fin.add(s, SearchHypothesis(tokens=toks[m], score=raw[m] / lp, log_prob=raw[m],
+                                            attention=attention))
+            keep = (~ended).nonzero(as_tuple=True)[0]
+            if keep.numel() == 0:
+                break
+            state = model.reorder(state, keep)
+            row_sent = row_sent[keep.cpu()]
+            max_len, prefix_t, scores = max_len[keep], prefix_t[keep], scores[keep]
+            tok, hist = tok[keep], hist[keep]
+            if attn_hist is not None:
+                attn_hist = attn_hist[keep]
+        prev = tok
+        hist = torch.cat([hist, tok[:, None]], dim=1)
+    return fin.results()
+
+
+__all__ = [
+    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "DecoderModel", "SearchHypothesis", "beam_search",
+    "greedy_search", "length_penalty", "max_output_lengths", "sample", "search", "source_lengths",
+]

@@ -1,0 +1,367 @@
+"""Search against a scripted model whose next-token probabilities are fixed, so the
+expected hypotheses and scores are known exactly (the fairseq approach)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+
+from aiayn.config import DecodeConfig
+from aiayn.inference.search import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    sample,
+    search,
+)
+
+A, B, C = 4, 5, 6  # ordinary tokens; 0-3 are PAD, UNK, BOS, EOS
+VOCAB = 8
+
+Table = Callable[[int, tuple[int, ...]], dict[int, float]]
+
+
+@dataclass
+class _State:
+    sents: list[int]  # the sentence of each row
+    prefixes: list[tuple[int, ...]]  # what each row has generated (BOS excluded)
+
+
+class ScriptedModel:
+    """next-token probabilities = table(sentence, prefix); tokens not listed get 0."""
+
+    def __init__(self, table: Table, vocab: int = VOCAB, max_steps: int | None = None) -> None:
+        self.table = table
+        self.vocab = vocab
+        self.max_steps = max_steps
+        self.steps = 0
+        self.rows_seen: list[int] = []
+
+    def init_state(self, src: torch.Tensor, max_steps: int) -> _State:
+        # The sentence id is the source's first token (minus 100), so batches can be reshuffled.
+        return _State([int(x) - 100 for x in src[:, 0]], [() for _ in range(src.size(0))])
+
+    def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False):
+        self.steps += 1
+        self.rows_seen.append(tokens.numel())
+        toks = tokens.tolist()
+        out = torch.full((len(toks), self.vocab), float("-inf"))
+        attn = torch.zeros(len(toks), 1, 1, 3) if need_attn else None
+        for r, tok in enumerate(toks):
+            if tok != BOS_ID:
+                state.prefixes[r] = state.prefixes[r] + (tok,)
+            for t, p in self.table(state.sents[r], state.prefixes[r]).items():
+                out[r, t] = math.log(p) if p > 0 else float("-inf")
+            if attn is not None:  # position-coded so that tests can check the bookkeeping
+                attn[r, 0, 0, 0] = len(state.prefixes[r])
+        return out, attn
+
+    def reorder(self, state: _State, index: torch.Tensor) -> _State:
+        idx = index.tolist()
+        return _State([state.sents[i] for i in idx], [state.prefixes[i] for i in idx])
+
+
+def _src(*sent_ids: int, length: int = 5) -> torch.Tensor:
+    """A batch whose row i belongs to sentence sent_ids[i] (first token), |x| = length."""
+    src = torch.full((len(sent_ids), length), 7)
+    src[:, 0] = torch.tensor(sent_ids) + 100
+    src[:, -1] = EOS_ID
+    return src
+
+
+def _cfg(**kw) -> DecodeConfig:
+    base = dict(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=10, nbest=1)
+    return DecodeConfig(**{**base, **kw})
+
+
+# --------------------------------------------------------------- hand-computed cases
+
+# Sentence 0: [A] is likely but ends early; [B A] is the best two-token path.
+TABLE0 = {
+    (): {A: 0.6, B: 0.3, EOS_ID: 0.1},
+    (A,): {A: 0.1, B: 0.3, EOS_ID: 0.6},
+    (B,): {A: 0.5, B: 0.1, EOS_ID: 0.4},
+    (A, B): {A: 0.3, B: 0.1, EOS_ID: 0.6},
+    (B, A): {A: 0.05, B: 0.05, EOS_ID: 0.9},
+}
+
+
+def table0(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+    return TABLE0.get(prefix, {A: 0.1, B: 0.1, EOS_ID: 0.8})
+
+
+def test_beam_order_scores_and_early_termination() -> None:
+    model = ScriptedModel(table0)
+    # Step 0: live A (.6), B (.3). Step 1: candidates A.EOS .36, A.B .18, B.A .15, B.EOS .12:
+    # A.EOS is among the 2 best -> finished; B.EOS (third) is not. The best live hypothesis
+    # (.18) cannot beat .36 without a length bonus -> early termination after 2 steps.
+    [[hyp]] = beam_search(model, _src(0), _cfg())
+    assert hyp.tokens == [A]
+    assert hyp.score == pytest.approx(math.log(0.36))
+    assert hyp.log_prob == pytest.approx(math.log(0.36))
+    assert model.steps == 2
+
+
+def test_beam_nbest_order_and_termination_after_k_finished() -> None:
+    model = ScriptedModel(table0)
+    # With nbest 2 the search goes on: step 2 candidates B.A.EOS .135, A.B.EOS .108,
+    # A.B.A .054, ... both EOS are among the 2 best -> 3 finished >= beam -> done.
+    hyps = beam_search(model, _src(0), _cfg(nbest=2))[0]
+    assert [h.tokens for h in hyps] == [[A], [B, A]]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.36), math.log(0.135)])
+    assert model.steps == 3
+
+
+# Sentence 1: ending at once (.45) beats [A] (.55 * .8 = .44) unless length is rewarded.
+TABLE1 = {(): {A: 0.55, EOS_ID: 0.45}, (A,): {A: 0.2, EOS_ID: 0.8}}
+
+
+def table1(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+    return TABLE1.get(prefix, {A: 0.5, EOS_ID: 0.5})
+
+
+def test_length_penalty_changes_the_winner() -> None:
+    hyps = beam_search(ScriptedModel(table1), _src(1), _cfg(nbest=2))[0]
+    assert [h.tokens for h in hyps] == [[], [A]]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.45), math.log(0.44)])
+    # GNMT, alpha 1: |Y| counts EOS, lp(1) = 1, lp(2) = 7/6.
+    hyps = beam_search(ScriptedModel(table1), _src(1), _cfg(nbest=2, lenpen=1.0))[0]
+    assert [h.tokens for h in hyps] == [[A], []]
+    assert hyps[0].score == pytest.approx(math.log(0.44) / (7 / 6))
+    assert hyps[0].log_prob == pytest.approx(math.log(0.44))
+    # fairseq style, alpha 1: lp = |Y|.
+    hyps = beam_search(ScriptedModel(table1), _src(1),
+                       _cfg(nbest=2, lenpen=1.0, lenpen_style="fairseq"))[0]
+    assert [h.tokens for h in hyps] == [[A], []]
+    assert hyps[0].score == pytest.approx(math.log(0.44) / 2)
+
+
+def test_length_penalty_formulas() -> None:
+    assert length_penalty(1.0, 0.6) == pytest.approx(1.0)
+    assert length_penalty(10.0, 0.6) == pytest.approx((15 / 6) ** 0.6)
+    assert length_penalty(10.0, 0.6, "fairseq") == pytest.approx(10 ** 0.6)
+    with pytest.raises(ValueError):
+        length_penalty(3.0, 0.6, "other")
+
+
+def test_min_len_blocks_eos() -> None:
+    [[hyp]] = beam_search(ScriptedModel(table1), _src(1), _cfg(min_len=1))
+    # EOS cannot come first; scores keep the model's own (unrenormalised) probabilities.
+    assert hyp.tokens == [A]
+    assert hyp.log_prob == pytest.approx(math.log(0.44))
+    [[hyp]] = beam_search(ScriptedModel(table1), _src(1), _cfg(min_len=3))
+    assert hyp.tokens == [A, A, A]
+    assert hyp.log_prob == pytest.approx(math.log(0.55 * 0.2 * 0.5 * 0.5))
+
+
+def never_ends(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+    return {A: 0.5, B: 0.5 - 1e-6, EOS_ID: 1e-6}
+
+
+@pytest.mark.parametrize("searcher", [beam_search, greedy_search, sample])
+def test_max_len_bound_holds_when_eos_never_wins(searcher) -> None:
+    # |x| = 5, a = 1, b = 3 -> at most 8 tokens, then EOS is forced.
+    cfg = _cfg(max_len_a=1.0, max_len_b=3, beam=2, nbest=2 if searcher is not greedy_search else 1)
+    model = ScriptedModel(never_ends)
+    hyps = searcher(model, _src(0, 1), cfg)
+    for per_sent in hyps:
+        assert per_sent
+        for h in per_sent:
+            assert len(h.tokens) == 8
+    assert model.steps == 9  # 8 tokens + the forced EOS step
+
+
+def test_max_len_with_zero_probability_eos_still_ends() -> None:
+    model = ScriptedModel(lambda s, p: {A: 1.0})
+    [[hyp]] = beam_search(model, _src(0), _cfg(max_len_b=4))
+    assert hyp.tokens == [A] * 4
+    assert math.isfinite(hyp.score)
+
+
+def test_model_max_steps_caps_the_length() -> None:
+    model = ScriptedModel(never_ends, max_steps=4)
+    [[hyp]] = beam_search(model, _src(0), _cfg(max_len_b=50))
+    assert len(hyp.tokens) == 3
+
+
+def test_finished_sentences_leave_the_batch() -> None:
+    # Sentence 1 (table1 semantics via sent id 1) ends after 2 steps, sentence 0 runs on.
+    def table(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return table1(sent, prefix) if sent == 1 else never_ends(sent, prefix)
+
+    model = ScriptedModel(table)
+    hyps = beam_search(model, _src(0, 1), _cfg(max_len_b=6, nbest=2))
+    assert [h.tokens for h in hyps[1]] == [[], [A]]
+    assert all(len(h.tokens) == 6 for h in hyps[0])
+    # 2 sentences x 2 beams at step 1, then only sentence 0's 2 beams.
+    assert model.rows_seen[0] == 2 and model.rows_seen[1] == 4 and model.rows_seen[2:] == [2] * 5
+
+
+def test_forced_prefix() -> None:
+    # Force B first, then continue freely: B.A.EOS (.3*.5*.9).
+    [[hyp]] = beam_search(ScriptedModel(table0), _src(0), _cfg(), prefix=[[B]])
+    assert hyp.tokens == [B, A]
+    assert hyp.log_prob == pytest.approx(math.log(0.3 * 0.5 * 0.9))
+    # A prefix the model gives probability 0 (C) is still followed.
+    [[hyp]] = beam_search(ScriptedModel(table0), _src(0), _cfg(), prefix=[[C, C]])
+    assert hyp.tokens[:2] == [C, C]
+    [[h1], [h2]] = greedy_search(ScriptedModel(table0), _src(0, 0), _cfg(beam=1), prefix=[[B], []])
+    assert h1.tokens == [B, A] and h2.tokens == [A]
+
+
+def test_no_repeat_ngram() -> None:
+    model = ScriptedModel(lambda s, p: {A: 0.9, B: 0.09, EOS_ID: 0.01})
+    [[hyp]] = greedy_search(model, _src(0), _cfg(beam=1, max_len_b=6, no_repeat_ngram_size=2))
+    # A A then A A again is banned -> B; then A B repeats? "A B" is new ... each bigram once.
+    bigrams = list(zip(hyp.tokens, hyp.tokens[1:]))
+    assert len(bigrams) == len(set(bigrams))
+    assert hyp.tokens[:3] == [A, A, B]
+    [[hyp]] = beam_search(model, _src(0), _cfg(max_len_b=6, no_repeat_ngram_size=1))
+    assert len(set(hyp.tokens)) == len(hyp.tokens)
+
+
+def test_attention_history_follows_the_chosen_hypothesis() -> None:
+    [hyps] = beam_search(ScriptedModel(table0), _src(0, length=3), _cfg(nbest=2), need_attn=True)
+    for h in hyps:
+        # (L, H, T, S): T = tokens + EOS step; the scripted weight at step t is t.
+        assert h.attention.shape == (1, 1, len(h.tokens) + 1, 3)
+        assert h.attention[0, 0, :, 0].tolist() == list(range(len(h.tokens) + 1))
+
+
+def test_search_dispatch_and_validation() -> None:
+    assert search(ScriptedModel(table0), _src(0), _cfg(beam=1))[0][0].tokens == [A]
+    with pytest.raises(Exception, match="nbest"):
+        search(ScriptedModel(table0), _src(0), _cfg(beam=1, nbest=2))
+    assert beam_search(ScriptedModel(table0), _src(0)[:0], _cfg()) == []
+
+
+# ------------------------------------------------- a textbook reference, one sentence
+
+
+def reference_beam(table: Table, sent: int, cfg: DecodeConfig, src_len: int) -> list[tuple]:
+    """Plain-Python beam search with the same rules, for one sentence."""
+    max_len = int(src_len * cfg.max_len_a + cfg.max_len_b)
+
+    def lp(n: float) -> float:
+        return length_penalty(float(n), cfg.lenpen, cfg.lenpen_style)
+
+    def lprob(prefix: tuple, tok: int, t: int) -> float:
+        p = table(sent, prefix).get(tok, 0.0)
+        v = math.log(p) if p > 0 else -math.inf
+        if tok in (PAD_ID, BOS_ID):
+            return -math.inf
+        if t >= max_len:
+            return max(v, -1e4) if tok == EOS_ID else -math.inf
+        if tok == EOS_ID and t < cfg.min_len:
+            return -math.inf
+        return v
+
+    live = [((), 0.0)]
+    finished: list[tuple] = []
+    for t in range(max_len + 1):
+        cands = [(score + lprob(prefix, tok, t), i, tok)
+                 for i, (prefix, score) in enumerate(live) for tok in range(VOCAB)]
+        cands.sort(key=lambda c: -c[0])
+        cands = cands[:2 * cfg.beam]
+        for score, i, tok in cands[:cfg.beam]:
+            if tok == EOS_ID and score > -math.inf:
+                finished.append((live[i][0], score / lp(t + 1), score))
+        live = [(live[i][0] + (tok,), score) for score, i, tok in cands if tok != EOS_ID][:cfg.beam]
+        finished.sort(key=lambda f: -f[1])
+        best_live = live[0][1] if live else -math.inf
+        bound = best_live / max(lp(t + 2), lp(max_len + 1))
+        if (len(finished) >= cfg.beam or best_live == -math.inf
+                or (len(finished) >= cfg.nbest and finished[cfg.nbest - 1][1] >= bound)):
+            break
+    return finished[:cfg.nbest]
+
+
+def random_table(seed: int) -> Table:
+    def table(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        g = torch.Generator().manual_seed(hash((seed, sent, prefix)) % (2**31))
+        logits = torch.randn(VOCAB - 4, generator=g) * 2
+        logits[0] -= 2.5 - 0.6 * len(prefix)  # EOS grows likelier with the length
+        probs = logits.softmax(-1).tolist()
+        return {EOS_ID: probs[0], **{4 + i: p for i, p in enumerate(probs[1:])}}
+
+    return table
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("kw", [
+    dict(beam=4, lenpen=0.6),
+    dict(beam=3, lenpen=1.0, lenpen_style="fairseq", nbest=3),
+    dict(beam=5, lenpen=0.0, min_len=2, nbest=2),
+    dict(beam=2, lenpen=2.0, max_len_b=3),
+])
+def test_batched_beam_equals_reference(seed: int, kw: dict) -> None:
+    table = random_table(seed)
+    cfg = _cfg(**{"max_len_b": 7, **kw})
+    sents = [3, 1, 4, 1, 5]
+    got = beam_search(ScriptedModel(table), _src(*sents), cfg)
+    for sent, hyps in zip(sents, got):
+        ref = reference_beam(table, sent, cfg, src_len=5)
+        assert [tuple(h.tokens) for h in hyps] == [r[0] for r in ref]
+        assert [h.score for h in hyps] == pytest.approx([r[1] for r in ref], rel=1e-5)
+        assert [h.log_prob for h in hyps] == pytest.approx([r[2] for r in ref], rel=1e-5)
+        assert all(a.score >= b.score for a, b in zip(hyps, hyps[1:]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_one_equals_greedy_scripted(seed: int) -> None:
+    table = random_table(seed)
+    cfg = _cfg(beam=1, lenpen=0.6)
+    a = beam_search(ScriptedModel(table), _src(0, 1, 2), cfg)
+    b = greedy_search(ScriptedModel(table), _src(0, 1, 2), cfg)
+    assert [h[0].tokens for h in a] == [h[0].tokens for h in b]
+    assert [h[0].score for h in a] == pytest.approx([h[0].score for h in b])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sentence_alone_equals_in_batch_scripted(seed: int) -> None:
+    table = random_table(seed)
+    cfg = _cfg(beam=3, lenpen=0.6, nbest=3)
+    batch = beam_search(ScriptedModel(table), _src(0, 1, 2, 3), cfg)
+    for i in range(4):
+        alone = beam_search(ScriptedModel(table), _src(i), cfg)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batch[i]]
+
+
+# ------------------------------------------------------------------------- sampling
+
+
+def test_sampling_is_seeded_and_filters_work() -> None:
+    table = random_table(0)
+    cfg = _cfg(sampling=True, nbest=4, beam=4, seed=3, lenpen=0.6)
+    a = sample(ScriptedModel(table), _src(0, 1), cfg)
+    b = sample(ScriptedModel(table), _src(0, 1), cfg)
+    assert [[h.tokens for h in s] for s in a] == [[h.tokens for h in s] for s in b]
+    for s in a:
+        assert len(s) == 4
+        assert all(x.score >= y.score for x, y in zip(s, s[1:]))
+    others = [sample(ScriptedModel(table), _src(0, 1), replace(cfg, seed=seed)) for seed in range(5)]
+    assert any([[h.tokens for h in s] for s in o] != [[h.tokens for h in s] for s in a] for o in others)
+    greedy = greedy_search(ScriptedModel(table), _src(0, 1), _cfg(beam=1, lenpen=0.6))
+    for filt in (dict(top_k=1), dict(top_p=1e-6), dict(temperature=1e-4)):
+        got = sample(ScriptedModel(table), _src(0, 1), replace(cfg, nbest=1, **filt))
+        assert [h[0].tokens for h in got] == [h[0].tokens for h in greedy]
+        assert [h[0].score for h in got] == pytest.approx([h[0].score for h in greedy])
+
+
+def test_top_p_keeps_the_nucleus() -> None:
+    from aiayn.inference.search import _filter_top_k_top_p
+
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.15), math.log(0.05)]])
+    kept = torch.isfinite(_filter_top_k_top_p(logits.clone(), 0, 0.8))
+    assert kept.tolist() == [[True, True, False, False]]
+    kept = torch.isfinite(_filter_top_k_top_p(logits.clone(), 0, 0.81))
+    assert kept.tolist() == [[True, True, True, False]]
+    kept = torch.isfinite(_filter_top_k_top_p(logits.clone(), 2, 1.0))
+    assert kept.tolist() == [[True, True, False, False]]
