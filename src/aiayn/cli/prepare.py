@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -124,33 +122,17 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
 
 
 def _run_parsing(args: argparse.Namespace) -> int:
-    try:
-        trees = importlib.import_module("aiayn.data.trees")
-    except ModuleNotFoundError as exc:
-        if exc.name != "aiayn.data.trees":
-            raise
-        trees = None
-    prepare_parsing = getattr(trees, "prepare_parsing", None)
-    if prepare_parsing is None:
-        raise DataError("--task parsing is not available yet (aiayn.data.trees.prepare_parsing is missing)")
+    from aiayn.data.prepare import prepare_parsing_data
+
     if args.ptb_dir:
         ptb = Path(args.ptb_dir)
     elif args.data_dir:
         ptb = Path(args.data_dir) / "ptb-sample"
     else:
         raise DataError("--task parsing needs --ptb-dir (or --data-dir holding ptb-sample/)")
-    opts: dict[str, Any] = {}
-    for name in ("vocab_size", "tgt_vocab_size", "seed"):
-        if getattr(args, name) is not None:
-            opts[name] = getattr(args, name)
-    t0 = time.perf_counter()
-    summary = prepare_parsing(ptb, Path(args.out), **opts)
+    summary = prepare_parsing_data(ptb, args.out, config_from_args(args), progress=not args.quiet)
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False))
-    elif isinstance(summary, dict) and "splits" in summary:
-        summary.setdefault("time_s", {"total": time.perf_counter() - t0})
-        summary.setdefault("source", {"dataset": "ptb", "src_lang": "words", "tgt_lang": "trees"})
-        print_summary(summary, Path(args.out))
     else:
-        print(json.dumps(summary, indent=2, ensure_ascii=False, default=str))
+        print_summary(summary, Path(args.out))
     return 0

@@ -233,8 +233,14 @@ def _old_summary(out: Path) -> dict[str, Any]:
         return {}
 
 
-def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
-    """Build the prepared directory ``out_dir`` from ``cfg``; return (and write) the summary."""
+def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = True,
+                 extra_files: dict[str, Path] | None = None,
+                 extra_summary: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Build the prepared directory ``out_dir`` from ``cfg``; return (and write) the summary.
+
+    ``extra_files`` (name -> file) are copied into the directory and ``extra_summary`` merged
+    into the summary, both before it is swapped in (used by the parsing task for gold trees).
+    """
     t0 = time.perf_counter()
     cfg.validate()
     out = Path(out_dir)
@@ -316,6 +322,9 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
             "time_s": {k: round(v, 3) for k, v in timings.items()},
             "config": dataclasses.asdict(cfg),
         }
+        summary.update(extra_summary or {})
+        for name, path in (extra_files or {}).items():
+            shutil.copyfile(path, tmp / name)
         summary["time_s"]["total"] = round(time.perf_counter() - t0, 3)
         (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         _swap_in(tmp, out)
@@ -453,6 +462,54 @@ def _swap_in(tmp: Path, out: Path) -> None:
     os.replace(tmp, out)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ parsing
+
+
+def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: DataConfig,
+                         progress: bool = True) -> dict[str, Any]:
+    """Constituency parsing (paper, section 6.2) as translation: words -> linearized trees.
+
+    :func:`aiayn.data.trees.prepare_parsing` writes the parallel text (and gold trees);
+    this turns it into a prepared directory like any other: separate vocabularies, BPE over
+    words on the source (``cfg.vocab_size``) and one token per tree symbol on the target
+    (a word model sized to the symbols), ``{role}.gold.txt`` kept beside for EVALB.
+    """
+    import importlib
+
+    try:
+        trees = importlib.import_module("aiayn.data.trees")
+    except ImportError as exc:  # ModuleNotFoundError, or blocked in sys.modules
+        if exc.name != "aiayn.data.trees":
+            raise
+        trees = None
+    prepare_parsing = getattr(trees, "prepare_parsing", None)
+    if prepare_parsing is None:
+        raise DataError("the parsing task is not available yet (aiayn.data.trees.prepare_parsing is missing)")
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text_dir = make_temp_dir(out.with_name(out.name + "-text"))
+    try:
+        text_summary = prepare_parsing(Path(ptb_dir), text_dir)
+        files: dict[str, Any] = {}
+        gold: dict[str, Path] = {}
+        for role in ROLES:
+            if (text_dir / f"{role}.src.txt").is_file():
+                files[f"{role}_src"] = str(text_dir / f"{role}.src.txt")
+                files[f"{role}_tgt"] = str(text_dir / f"{role}.tgt.txt")
+            if (text_dir / f"{role}.gold.txt").is_file():
+                gold[f"{role}.gold.txt"] = text_dir / f"{role}.gold.txt"
+        pcfg = dataclasses.replace(
+            cfg, dataset=None, synthetic=None, joint_vocab=False, tgt_spm_model_type="word",
+            # An upper bound: the word model keeps every tree symbol there is (soft limit).
+            tgt_vocab_size=cfg.tgt_vocab_size or 4096, **files)
+        return prepare_data(pcfg, out, progress, extra_files=gold,
+                            extra_summary={"task": "parsing", "parsing": text_summary,
+                                           "source": {"dataset": "ptb", "synthetic": None,
+                                                      "src_lang": "words", "tgt_lang": "trees"}})
+    finally:
+        shutil.rmtree(text_dir, ignore_errors=True)
 
 
 # -------------------------------------------------------------------------- loading
