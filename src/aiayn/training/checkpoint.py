@@ -291,8 +291,12 @@ def _unb64(s: str) -> Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """Python, NumPy and torch (CPU and CUDA) generator states as JSON-safe values."""
+def capture_rng_state(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Python, NumPy and torch generator states as JSON-safe values.
+
+    With a CUDA ``device``, that device's generator too (the one dropout uses there); only
+    that one, so that a rank of a multi-GPU run does not touch the other GPUs.
+    """
     py = random.getstate()
     np_state = np.random.get_state()
     state: dict[str, Any] = {
@@ -301,25 +305,24 @@ def capture_rng_state() -> dict[str, Any]:
                   "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "torch": _b64(torch.get_rng_state()),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    if device is not None and torch.device(device).type == "cuda":
+        state["cuda"] = _b64(torch.cuda.get_rng_state(torch.device(device)))
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def restore_rng_state(state: dict[str, Any], device: torch.device | str | None = None) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
     np.random.set_state((n["kind"], np.asarray(n["key"], dtype=np.uint32), n["pos"],
                          n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(_unb64(state["torch"]))
-    if "cuda" in state and torch.cuda.is_available():
-        states = [_unb64(s) for s in state["cuda"]]
-        if len(states) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(states)
+    if device is not None and torch.device(device).type == "cuda":
+        if "cuda" in state:
+            torch.cuda.set_rng_state(_unb64(state["cuda"]), torch.device(device))
         else:
-            log.warning("checkpoint has %d CUDA RNG states, this machine %d GPUs: not restored",
-                        len(states), torch.cuda.device_count())
+            log.warning("checkpoint has no CUDA RNG state (saved on CPU): dropout on this GPU "
+                        "will not repeat the interrupted run exactly")
 
 
 # -------------------------------------------------------------------- save / load

@@ -1,0 +1,89 @@
+"""Checkpoint averaging (paper section 6.1): the last 5 checkpoints for base, last 20 for big.
+
+The parameters of N checkpoints of one run are averaged element-wise (summed in float64,
+then cast back) into a normal checkpoint directory that every other command loads.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from aiayn.config import to_dict
+from aiayn.errors import CheckpointError
+from aiayn.training import checkpoint as ckpt_io
+
+log = logging.getLogger(__name__)
+
+
+def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
+    """The newest ``n`` complete step checkpoints of a run (or checkpoints) directory,
+    oldest first."""
+    if n < 1:
+        raise CheckpointError(f"--last: need at least 1 checkpoint, got {n}")
+    d = Path(run_dir)
+    if (d / ckpt_io.CHECKPOINTS_DIR).is_dir():
+        d = d / ckpt_io.CHECKPOINTS_DIR
+    found = ckpt_io.list_checkpoints(d)
+    if not found:
+        raise CheckpointError(f"{run_dir}: no checkpoints found (expected step_* directories in "
+                              f"{d})")
+    if len(found) < n:
+        raise CheckpointError(
+            f"{d}: asked for the last {n} checkpoints but only {len(found)} exist "
+            f"({', '.join(p.name for p in found)}); raise train.keep_last to keep more")
+    return found[-n:]
+
+
+def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
+    """Average the weights of ``paths`` (checkpoint directories) into checkpoint ``out``.
+
+    The configuration and tokenizer come from the last checkpoint; all must describe the
+    same model. The result has no optimizer state (it is for decoding, or ``init_from``).
+    """
+    from aiayn.model import build_model
+
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    dirs = [ckpt_io.resolve_checkpoint(p) for p in paths]
+    out = Path(out).resolve()
+    if any(d.resolve() == out for d in dirs):
+        raise CheckpointError(f"{out}: the output would overwrite one of the inputs")
+    cfg = ckpt_io.load_checkpoint_config(dirs[-1])
+    total: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}
+    for d in dirs:
+        ckpt_io.verify_checkpoint(d)
+        other = ckpt_io.load_checkpoint_config(d)
+        if to_dict(other.model) != to_dict(cfg.model):
+            raise CheckpointError(f"{d}: a different model than {dirs[-1]}; only checkpoints of "
+                                  "one model can be averaged")
+        tensors = ckpt_io.read_model_weights(d / ckpt_io.MODEL_FILE)
+        if total and set(tensors) != set(total):
+            raise CheckpointError(f"{d}: its weight names differ from {dirs[0]}")
+        for name, t in tensors.items():
+            if not t.is_floating_point():
+                reference[name] = t
+                continue
+            acc = total.get(name)
+            total[name] = t.double() if acc is None else acc + t.double()
+            reference[name] = t
+    averaged = {name: (total[name] / len(dirs)).to(reference[name].dtype) if name in total
+                else reference[name] for name in reference}
+    model = build_model(cfg.model)
+    model.load_state_dict(averaged, strict=True)
+    states = [ckpt_io.read_state(d) for d in dirs]
+    state = {
+        "step": states[-1].get("step"),
+        "epoch": states[-1].get("epoch"),
+        "averaged_from": [str(d) for d in dirs],
+        "averaged_steps": [s.get("step") for s in states],
+    }
+    tok = dirs[-1] / ckpt_io.TOKENIZER_DIR
+    path = ckpt_io.save_checkpoint(out, model, cfg, tokenizer=tok if tok.is_dir() else None,
+                                   state=state)
+    log.info("averaged %d checkpoints (%s) into %s", len(dirs),
+             ", ".join(d.name for d in dirs), path)
+    return path

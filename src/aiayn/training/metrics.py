@@ -1,0 +1,85 @@
+"""Training metrics: ``metrics.jsonl`` in the run directory, optionally TensorBoard.
+
+One JSON object per line. Training records (``"split": "train"``) carry step, epoch,
+loss, nll, ppl, lr, grad_norm, tokens_per_s, elapsed; validation records
+(``"split": "valid"``) carry step, epoch, valid_loss, valid_nll, valid_ppl (and
+valid_bleu when computed), elapsed. Losses are per target token in nats; ``ppl`` is
+``exp(nll)``, from the NLL, not the label-smoothed loss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from aiayn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def perplexity(nll_per_token: float) -> float:
+    # Clamp the exponent: a diverging run should log a huge number, not overflow.
+    return math.exp(min(nll_per_token, 100.0))
+
+
+class MetricsLog:
+    """Appends records to ``run_dir/metrics.jsonl`` (and TensorBoard); a no-op when disabled."""
+
+    def __init__(self, run_dir: str | Path | None, enabled: bool = True,
+                 tensorboard: bool = False) -> None:
+        self.enabled = enabled and run_dir is not None
+        self.path = Path(run_dir) / METRICS_FILE if run_dir is not None else None
+        self._tb = None
+        if self.enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ConfigError("train.tensorboard: the tensorboard package is not installed "
+                                  "(pip install tensorboard), or set train.tensorboard=false") from None
+            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records beyond ``step``: they came from a run that was killed after its last
+        checkpoint, and the resumed run writes them again."""
+        if not self.enabled or self.path is None or not self.path.is_file():
+            return
+        kept, dropped = [], 0
+        for line in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                dropped += 1
+                continue
+            if int(rec.get("step", 0)) <= step:
+                kept.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, self.path)
+            log.info("metrics.jsonl: dropped %d record(s) after step %d (resumed run)", dropped, step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled or self.path is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            split = record.get("split", "train")
+            for key, value in record.items():
+                if key in ("step", "split") or not isinstance(value, (int, float)):
+                    continue
+                tag = key if key.startswith(split) else f"{split}/{key}"
+                self._tb.add_scalar(tag, value, record["step"])
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None

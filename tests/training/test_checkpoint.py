@@ -1,0 +1,117 @@
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from aiayn.errors import CheckpointError
+from aiayn.model import build_model
+from aiayn.training import checkpoint as ck
+from aiayn.training.optim import build_optimizer
+
+
+def _trained(cfg):
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg.train)
+    x = torch.randint(4, cfg.model.src_vocab_size, (3, 5))
+    model(x, x).float().pow(2).mean().backward()
+    opt.step()
+    return model, opt
+
+
+def test_round_trip(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model, opt = _trained(cfg)
+    state = {"step": 7, "epoch": 2, "data": {"epoch": 2, "offset": 3}}
+    path = ck.save_checkpoint(tmp_path / "ck", model, cfg, state=state, optimizer=opt)
+    names = {p.name for p in path.iterdir()}
+    assert {"model.safetensors", "config.yaml", "state.json", "optimizer.safetensors",
+            "optimizer.json", "checksums.sha256"} <= names
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+    loaded = ck.load_checkpoint(path, load_optimizer=True)
+    assert not loaded.model.training
+    assert loaded.config == cfg
+    assert loaded.state["step"] == 7 and loaded.state["format_version"] == ck.FORMAT_VERSION
+    for (k, v), (k2, v2) in zip(model.state_dict().items(), loaded.model.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    # Tied matrices stay tied after loading, and are stored once.
+    assert loaded.model.src_embed.weight is loaded.model.tgt_embed.weight
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+        assert "tgt_embed.weight" not in keys and "src_embed.weight" in keys
+        assert json.loads(f.metadata()["aliases"]) == {"tgt_embed.weight": "src_embed.weight"}
+    opt2 = build_optimizer(loaded.model, cfg.train)
+    ck.restore_optimizer(opt2, loaded.optimizer_state)
+    a, b = opt.state_dict(), opt2.state_dict()
+    for pid in a["state"]:
+        for key in a["state"][pid]:
+            assert torch.equal(a["state"][pid][key], b["state"][pid][key])
+
+
+def test_no_wrapper_prefixes(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model, _ = _trained(cfg)
+
+    class Wrapper(torch.nn.Module):  # what torch.compile looks like from the outside
+        def __init__(self, m):
+            super().__init__()
+            self._orig_mod = m
+
+    ck.save_checkpoint(tmp_path / "ck", Wrapper(model), cfg)
+    with safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if k.startswith(("_orig_mod.", "module."))]
+    ck.load_checkpoint(tmp_path / "ck")
+
+
+def test_rng_round_trip():
+    import random
+
+    import numpy as np
+
+    state = ck.capture_rng_state()
+    a = (random.random(), np.random.rand(), torch.rand(3))
+    json.dumps(state)  # JSON-safe
+    ck.restore_rng_state(json.loads(json.dumps(state)))
+    b = (random.random(), np.random.rand(), torch.rand(3))
+    assert a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_corrupted_file_is_a_clear_error(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model, _ = _trained(cfg)
+    path = ck.save_checkpoint(tmp_path / "ck", model, cfg)
+    f = path / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-5] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors: checksum mismatch"):
+        ck.load_checkpoint(path)
+    (path / "checksums.sha256").unlink()
+    with pytest.raises(CheckpointError, match="incomplete checkpoint"):
+        ck.load_checkpoint(path)
+
+
+def test_manager_pointers_rotation_and_resolve(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model, _ = _trained(cfg)
+    mgr = ck.CheckpointManager(tmp_path, keep_last=2)
+    mgr.save(1, model, cfg, state={"step": 1}, is_best=True)
+    for step in (2, 3, 4):
+        mgr.save(step, model, cfg, state={"step": step})
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["best", "last", "step_000001", "step_000003", "step_000004"]
+    assert ck.resolve_checkpoint(tmp_path).name == "step_000004"
+    assert ck.resolve_checkpoint(tmp_path / "checkpoints").name == "step_000004"
+    assert ck.resolve_checkpoint(tmp_path / "checkpoints" / "best").name == "step_000001"
+    # A directory left by a process killed while saving is ignored, then cleaned up.
+    stale = tmp_path / "checkpoints" / ".tmp-step_000005-123"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    assert ck.resolve_checkpoint(tmp_path).name == "step_000004"
+    mgr.clean_incomplete()
+    assert not stale.exists()
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        ck.resolve_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError, match="no checkpoint found"):
+        ck.resolve_checkpoint(stale.parent.parent.parent)

@@ -1,0 +1,130 @@
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from aiayn.data.batching import BatchIterator, collate
+from aiayn.errors import AiaynError
+from aiayn.model import build_model
+from aiayn.training import checkpoint as ck
+from aiayn.training.trainer import Trainer, TrainingError
+
+
+def _batch(task, indices):
+    return collate([(i, *task[i]) for i in indices])
+
+
+def _trainer(cfg, run_dir=None, task=None, seed=0, **kw):
+    torch.manual_seed(seed)
+    model = build_model(cfg.model)
+    batches = BatchIterator(task, cfg.train.max_tokens, seed=cfg.train.seed) if task else None
+    return Trainer(cfg, model, run_dir, train_batches=batches, **kw)
+
+
+def test_overfits_a_small_batch(make_cfg, make_task):
+    cfg = make_cfg(label_smoothing=0.0, lr=3e-3)
+    task = make_task(n=8)
+    batch = _batch(task, range(8))
+    tr = _trainer(cfg)
+    first = tr.train_step([batch])
+    for _ in range(150):
+        last = tr.train_step([batch])
+    assert first.loss_sum / first.n_tokens > 2.0
+    assert last.loss_sum / last.n_tokens < 0.05
+    assert tr.step == 151
+
+
+def test_accumulation_equals_one_large_batch(make_cfg, make_task):
+    task = make_task(n=12)
+    small = [_batch(task, range(0, 5)), _batch(task, range(5, 12))]
+    large = _batch(task, range(12))
+    grads = []
+    for cfg, group in ((make_cfg(update_freq=2), small), (make_cfg(), [large])):
+        tr = _trainer(cfg)
+        captured = []
+        tr.optimizer.step = lambda captured=captured, tr=tr: captured.append(
+            [p.grad.clone() for p in tr.params])
+        res = tr.train_step(group)
+        assert res.n_tokens == large.n_tgt_tokens
+        grads.append(captured[0])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_bf16_autocast_trains_on_cpu(make_cfg, make_task):
+    cfg = make_cfg(dtype="bf16", label_smoothing=0.0)
+    task = make_task(n=8)
+    batch = _batch(task, range(8))
+    tr = _trainer(cfg)
+    losses = [tr.train_step([batch]) for _ in range(40)]
+    assert all(r.updated for r in losses)
+    assert tr.model.src_embed.weight.dtype == torch.float32  # master weights stay fp32
+    assert losses[-1].loss_sum / losses[-1].n_tokens < 0.6 * losses[0].loss_sum / losses[0].n_tokens
+
+
+def test_fp16_needs_cuda(make_cfg):
+    with pytest.raises(AiaynError, match="fp16 needs a CUDA"):
+        _trainer(make_cfg(dtype="fp16"))
+
+
+def _poison(tr, from_call):
+    """Make the model's logits NaN from the `from_call`-th forward on."""
+    real = tr.forward_model
+    calls = {"n": 0}
+
+    def forward(src, tgt_in):
+        calls["n"] += 1
+        out = real(src, tgt_in)
+        return out * float("nan") if calls["n"] >= from_call else out
+
+    tr.forward_model = forward
+
+
+def test_nonfinite_loss_is_skipped(make_cfg, make_task):
+    task = make_task(n=8)
+    batch = _batch(task, range(8))
+    tr = _trainer(make_cfg())
+    tr.train_step([batch])
+    before = [p.detach().clone() for p in tr.params]
+    _poison(tr, from_call=1)
+    res = tr.train_step([batch])
+    assert res.nonfinite and not res.updated
+    assert tr.step == 1 and tr.nonfinite_total == 1 and tr.nonfinite_consecutive == 1
+    for a, p in zip(before, tr.params):
+        assert torch.equal(a, p)
+    tr.forward_model = tr.model
+    assert tr.train_step([batch]).updated and tr.nonfinite_consecutive == 0
+
+
+def test_divergence_stops_with_last_checkpoint_intact(make_cfg, make_task, tmp_path):
+    cfg = make_cfg(save_every=2, max_nonfinite=3, max_steps=50)
+    tr = _trainer(cfg, tmp_path, make_task(n=64))
+    _poison(tr, from_call=4)  # steps 1-3 fine (checkpoint at 2), then NaN forever
+    with pytest.raises(TrainingError, match="non-finite for 3 consecutive"):
+        tr.train()
+    last = ck.resolve_checkpoint(tmp_path)
+    assert last.name == "step_000002"
+    ck.verify_checkpoint(last)
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["stop_reason"] == "diverged" and summary["step"] == 3
+
+
+def test_in_process_resume_is_exact(make_cfg, make_task, tmp_path):
+    base = make_cfg(max_steps=8, log_every=2)
+    cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, dropout=0.1))
+    task = make_task(n=40)
+    full = _trainer(cfg, tmp_path / "full", task)
+    full.train()
+    half_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=4))
+    _trainer(half_cfg, tmp_path / "half", task).train()
+    resumed = _trainer(cfg, tmp_path / "half", task, seed=123)
+    resumed.load(tmp_path / "half")
+    assert resumed.step == 4
+    resumed.train()
+    for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
+        assert torch.equal(a, b)
+    lines = [json.loads(x) for x in (tmp_path / "half" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r["split"] == "train"] == [2, 4, 6, 8]
+    assert set(lines[0]) >= {"step", "epoch", "loss", "nll", "ppl", "lr", "grad_norm",
+                             "tokens_per_s", "elapsed"}
