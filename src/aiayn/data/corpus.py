@@ -112,8 +112,11 @@ def _open_binary(path: Path) -> BinaryIO:
 
 
 def iter_lines(path: str | os.PathLike, on_invalid_utf8: str = "error",
-               stats: ReadStats | None = None) -> Iterator[str | None]:
-    """Yield each line of a text file, stripped; ``None`` for an invalid line under ``skip``."""
+               stats: ReadStats | None = None, strip: bool = True) -> Iterator[str | None]:
+    """Yield each line of a text file, stripped; ``None`` for an invalid line under ``skip``.
+
+    ``strip=False`` removes only the line ending (TSV: a leading tab is an empty column).
+    """
     if on_invalid_utf8 not in UTF8_MODES:
         raise DataError(f"on_invalid_utf8: {on_invalid_utf8!r} is not one of {', '.join(UTF8_MODES)}")
     path = Path(path)
@@ -152,7 +155,7 @@ def iter_lines(path: str | os.PathLike, on_invalid_utf8: str = "error",
                 stats.replaced += 1
             pos += len(raw)
             stats.lines = lineno
-            yield text.strip()
+            yield text.strip() if strip else text.rstrip("\r\n")
     finally:
         f.close()
 
@@ -230,7 +233,7 @@ def iter_tsv(path: str | os.PathLike, on_invalid_utf8: str = "error", drop_inval
     mode = "replace" if on_invalid_utf8 == "skip" and not drop_invalid else on_invalid_utf8
     stats = stats if stats is not None else ReadStats()
     line_stats = ReadStats()
-    for lineno, line in enumerate(iter_lines(path, mode, line_stats), start=1):
+    for lineno, line in enumerate(iter_lines(path, mode, line_stats, strip=False), start=1):
         stats.lines = lineno
         if line is None:
             stats.dropped["invalid_utf8"] += 1
