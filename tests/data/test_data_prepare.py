@@ -23,6 +23,7 @@ from aiayn.data.prepare import (
     read_summary,
     split_text,
 )
+from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 
 MIRROR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -166,6 +167,8 @@ def test_synthetic_word_level(tmp_path: Path) -> None:
     tok = load_tokenizer(tmp_path / "rev")
     src, tgt = split_text(tmp_path / "rev", "valid")
     assert len(src) == 40 and summary["splits"]["test"]["pairs"] == 40
+    # The training set is generate(task, n, seed) itself (the demo holds out what it contains).
+    assert list(zip(*split_text(tmp_path / "rev", "train"))) == generate("reverse", 300, 1)
     data = load_split(tmp_path / "rev", "valid")
     for i in range(5):
         x, y = data[i]
