@@ -1,0 +1,287 @@
+"""Text in, text out: a trained checkpoint, its SentencePiece model, and the search.
+
+    translator = Translator.from_checkpoint("runs/base", device="cpu", dtype="fp32")
+    translator.translate(["A man is riding a bike."])            # -> ["Ein Mann ..."]
+    translator.translate_detailed(texts, nbest=4, attention=True)  # scores, pieces, weights
+
+Sentences are sorted by length and grouped into batches of at most ``batch_tokens``
+padded source tokens (DecodeConfig.batch_tokens), so padding is small, and results come
+back in input order. Text crosses the model boundary only through the checkpoint's own
+tokenizer, both ways (``encode_src`` in, ``decode_tgt`` out).
+
+Several checkpoint paths are *averaged* (element-wise mean of the weights, as ``aiayn
+average`` writes and as the paper does with its last 5 or 20 checkpoints, section 6.1),
+not ensembled: one model, one decoder pass per step, the speed of a single model.
+
+Decoding options (beam, lenpen, max_len_a, ...) default to the checkpoint's ``decode``
+section; any :class:`~aiayn.config.DecodeConfig` field can be overridden per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.config import Config, DecodeConfig, to_dict
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.inference.adapters import IncrementalDecoder
+from aiayn.inference.search import BOS_ID, EOS_ID, PAD_ID, SearchHypothesis, search
+from aiayn.model import Transformer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+          "fp16": torch.float16, "float16": torch.float16}
+
+# How bf16 runs: "cast" converts the weights (model.to(bfloat16)); "autocast" keeps fp32
+# weights and lets torch.autocast pick per op. On the 2-core CPU of
+# benchmarks/decode_speed_notes.md, casting the weights was the faster of the two, with the
+# same outputs on the test models; autocast re-casts every weight matrix at every step.
+BF16_MODE = "cast"
+
+EOS_PIECE = "</s>"
+
+
+@dataclass
+class Hypothesis:
+    """One translation of one sentence."""
+
+    text: str  # detokenized
+    tokens: list[int]  # target ids, without EOS
+    score: float  # log-probability / length penalty; hypotheses are sorted by it
+    src_pieces: list[str]  # source pieces incl. the final "</s>": the attention's columns
+    tgt_pieces: list[str]  # target pieces plus "</s>": the attention's rows
+    # Cross-attention weights (layers, heads, len(tgt_pieces), len(src_pieces)), float32 on
+    # the CPU; None unless attention was asked for.
+    attention: Tensor | None = None
+    log_prob: float = 0.0  # summed log-probability (EOS included), before the length penalty
+
+
+@dataclass
+class TranslationResult:
+    """All hypotheses of one input sentence, best first."""
+
+    source: str
+    hypotheses: list[Hypothesis] = field(default_factory=list)
+    src_tokens: list[int] = field(default_factory=list)  # the encoder's input, EOS included
+
+    @property
+    def best(self) -> Hypothesis:
+        return self.hypotheses[0]
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {device}: CUDA is not available on this machine")
+    return dev
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    """'fp32' -> None (the weights as they are), 'bf16' -> torch.bfloat16, 'fp16' (GPU only)."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"--dtype {dtype}: choose from fp32, bf16, fp16")
+    out = DTYPES[dtype]
+    if out is torch.float16 and device.type != "cuda":
+        raise ConfigError("--dtype fp16 needs a CUDA device; use bf16 on the CPU")
+    return out
+
+
+class Translator:
+    """A model + tokenizer + decoding defaults, translating lists of sentences.
+
+    ``config`` is the checkpoint's :class:`Config` (a bare :class:`DecodeConfig` is accepted
+    too, e.g. from the trainer's validation). The model is put in eval mode and moved to
+    ``device`` in place; with ``dtype="bf16"`` its weights are cast to bfloat16 in place
+    (see :data:`BF16_MODE`); log-probabilities are always computed in float32.
+    """
+
+    def __init__(self, model: Transformer, tokenizer: Any, config: Config | DecodeConfig | None = None,
+                 device: str | torch.device = "cpu", dtype: str = "fp32") -> None:
+        if config is None:
+            config = Config()
+        elif isinstance(config, DecodeConfig):
+            config = Config(decode=config)
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = resolve_device(device)
+        self.dtype = dtype
+        half = resolve_dtype(dtype, self.device)
+        model = model.to(self.device).eval()
+        autocast = None
+        if half is not None:
+            if half is torch.bfloat16 and BF16_MODE == "autocast":
+                autocast = half
+            else:
+                model = model.to(half)
+        self.model = model
+        self.decoder = IncrementalDecoder(model, autocast=autocast)
+        self.max_src_len: int | None = getattr(model.src_positions, "max_positions", None)
+
+    # --------------------------------------------------------------- construction
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "cpu",
+                        dtype: str = "fp32") -> Translator:
+        """Load a checkpoint (a checkpoint directory, a run directory -> its last checkpoint,
+        or a ``last``/``best`` pointer). Several paths: their weights are averaged; the
+        configuration and tokenizer come from the last one, and all must have the same model
+        configuration."""
+        from aiayn.training import checkpoint as ckpt_io
+
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        if not paths:
+            raise CheckpointError("no checkpoint given")
+        loaded = ckpt_io.load_checkpoint(paths[-1], device="cpu")
+        if loaded.tokenizer is None:
+            raise CheckpointError(f"{loaded.path}: the checkpoint has no tokenizer/ directory, so "
+                                  "text cannot be encoded; save it with its tokenizer")
+        if len(paths) > 1:
+            _load_average(loaded.model, loaded.config, paths, ckpt_io)
+        log.info("loaded %s (%s)", ", ".join(str(p) for p in paths), loaded.tokenizer)
+        return cls(loaded.model, loaded.tokenizer, loaded.config, device=device, dtype=dtype)
+
+    # ----------------------------------------------------------------- decoding
+
+    def decode_config(self, **overrides: Any) -> DecodeConfig:
+        """The checkpoint's decoding options with ``overrides`` (None values are ignored)."""
+        names = {f.name for f in dataclasses.fields(DecodeConfig)}
+        changes = {}
+        for key, value in overrides.items():
+            if key not in names:
+                raise ConfigError(f"decode.{key}: unknown decoding option; choose from {', '.join(sorted(names))}")
+            if value is not None:
+                changes[key] = value
+        cfg = dataclasses.replace(self.config.decode, **changes)
+        cfg.validate()
+        return cfg
+
+    def translate(self, texts: Sequence[str], **decode_overrides: Any) -> list[str]:
+        """The best translation of each text, in input order."""
+        return [r.hypotheses[0].text if r.hypotheses else ""
+                for r in self.translate_detailed(texts, nbest=1, **decode_overrides)]
+
+    def translate_detailed(self, texts: Sequence[str], nbest: int = 1, attention: bool = False,
+                           prefixes: Sequence[str | None] | None = None,
+                           progress: Callable[[int], None] | None = None,
+                           **decode_overrides: Any) -> list[TranslationResult]:
+        """Up to ``nbest`` hypotheses per text with scores, pieces and (optionally) the
+        cross-attention of each hypothesis.
+
+        ``prefixes``: per text, a target-side text the translation must start with (None or
+        "" for none). ``progress`` is called with the number of sentences of each finished
+        batch. An empty (or all-whitespace) text gets one empty hypothesis, without running
+        the model.
+        """
+        cfg = self.decode_config(**{**decode_overrides, "nbest": nbest})
+        if prefixes is not None and len(prefixes) != len(texts):
+            raise ConfigError(f"prefixes: {len(prefixes)} given for {len(texts)} texts")
+        results = [TranslationResult(source=t) for t in texts]
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        for i in range(len(texts)):
+            if not texts[i].strip():
+                results[i].hypotheses = [Hypothesis("", [], 0.0, [EOS_PIECE], [EOS_PIECE])]
+        if progress is not None and len(todo) < len(texts):
+            progress(len(texts) - len(todo))
+        if not todo:
+            return results
+        src_ids = self.tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
+        for n, i in enumerate(todo):
+            ids = src_ids[n]
+            if self.max_src_len is not None and len(ids) > self.max_src_len:
+                log.warning("sentence %d: %d source tokens, truncated to the model's %d positions",
+                            i + 1, len(ids), self.max_src_len)
+                ids = ids[:self.max_src_len - 1] + [EOS_ID]
+            results[i].src_tokens = ids
+        prefix_ids: dict[int, list[int]] = {}
+        if prefixes is not None:
+            for i in todo:
+                if prefixes[i]:
+                    prefix_ids[i] = self.tokenizer.encode_tgt(prefixes[i])
+        for batch in self._batches(todo, [len(results[i].src_tokens) for i in todo], cfg.batch_tokens):
+            src = _pad([results[i].src_tokens for i in batch]).to(self.device)
+            prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
+            hyps = search(self.decoder, src, cfg, prefix=prefix, need_attn=attention,
+                          pad=PAD_ID, bos=BOS_ID, eos=EOS_ID)
+            for i, per_sent in zip(batch, hyps):
+                results[i].hypotheses = [self._hypothesis(results[i].src_tokens, h) for h in per_sent]
+            if progress is not None:
+                progress(len(batch))
+        return results
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _batches(indices: list[int], lengths: list[int], budget: int) -> list[list[int]]:
+        """Indices sorted by length (longest first), cut so that sentences x longest <= budget.
+
+        Sorting keeps padding small; a sentence longer than the budget is a batch alone.
+        """
+        order = sorted(range(len(indices)), key=lambda k: -lengths[k])
+        batches: list[list[int]] = []
+        current: list[int] = []
+        width = 0
+        for k in order:
+            w = max(width, lengths[k])
+            if current and w * (len(current) + 1) > budget:
+                batches.append(current)
+                current, w = [], lengths[k]
+            current.append(indices[k])
+            width = w
+        if current:
+            batches.append(current)
+        return batches
+
+    def _hypothesis(self, src_tokens: list[int], h: SearchHypothesis) -> Hypothesis:
+        tok = self.tokenizer
+        return Hypothesis(
+            text=tok.decode_tgt(h.tokens),
+            tokens=list(h.tokens),
+            score=float(h.score),
+            src_pieces=tok.src_pieces(src_tokens),
+            tgt_pieces=tok.tgt_pieces(h.tokens) + [EOS_PIECE],
+            attention=h.attention.cpu() if h.attention is not None else None,
+            log_prob=float(h.log_prob),
+        )
+
+
+def _pad(seqs: list[list[int]]) -> Tensor:
+    width = max(len(s) for s in seqs)
+    out = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        out[r, :len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def _load_average(model: Transformer, cfg: Config, paths: Sequence[str | Path], ckpt_io: Any) -> None:
+    """Replace ``model``'s weights with the element-wise mean over ``paths`` (float64 sums)."""
+    dirs = [ckpt_io.resolve_checkpoint(p) for p in paths]
+    total: dict[str, Tensor] = {}
+    for d in dirs:
+        ckpt_io.verify_checkpoint(d)
+        other = ckpt_io.load_checkpoint_config(d)
+        if to_dict(other.model) != to_dict(cfg.model):
+            raise CheckpointError(f"{d}: a different model configuration than {dirs[-1]}; only "
+                                  "checkpoints of one model can be averaged")
+        tensors = ckpt_io.read_model_weights(d / ckpt_io.MODEL_FILE)
+        if total and set(tensors) != set(total):
+            raise CheckpointError(f"{d}: its weight names differ from {dirs[0]}")
+        for name, t in tensors.items():
+            if t.is_floating_point():
+                total[name] = t.double() if name not in total else total[name] + t.double()
+            else:
+                total[name] = t
+    state = model.state_dict()
+    averaged = {name: (total[name] / len(dirs)).to(state[name].dtype) if total[name].is_floating_point()
+                else total[name] for name in state}
+    model.load_state_dict(averaged, strict=True)
+    log.info("averaged the weights of %d checkpoints", len(dirs))

@@ -1,0 +1,126 @@
+"""Translator: checkpoint loading (one or averaged), token-budget batches in input order,
+n-best with scores and attention, overrides, bf16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.errors import CheckpointError, ConfigError
+from aiayn.inference.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_checkpoint: Path) -> Translator:
+    return Translator.from_checkpoint(tiny_checkpoint)
+
+
+def test_translate_keeps_input_order_and_matches_single_sentences(translator: Translator,
+                                                                  english: list[str]) -> None:
+    batch = translator.translate(english)
+    assert len(batch) == len(english)
+    assert all(isinstance(t, str) for t in batch)
+    for text, out in list(zip(english, batch))[:4]:
+        assert translator.translate([text]) == [out]
+    # Tiny token budgets (many batches, one sentence each at worst) change nothing.
+    assert translator.translate(english, batch_tokens=1) == batch
+    assert translator.translate(english, batch_tokens=30) == batch
+
+
+def test_empty_and_whitespace_texts(translator: Translator) -> None:
+    out = translator.translate(["", "a man", "   ", "a dog"])
+    assert out[0] == "" and out[2] == ""
+    assert out[1] == translator.translate(["a man"])[0]
+    assert translator.translate([]) == []
+
+
+def test_detailed_nbest_scores_pieces_attention(translator: Translator, english: list[str]) -> None:
+    results = translator.translate_detailed(english[:3], nbest=3, attention=True)
+    for text, res in zip(english, results):
+        assert res.source == text
+        assert 1 <= len(res.hypotheses) <= 3
+        scores = [h.score for h in res.hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        assert res.best is res.hypotheses[0]
+        for h in res.hypotheses:
+            assert h.src_pieces[-1] == "</s>" and h.tgt_pieces[-1] == "</s>"
+            assert len(h.src_pieces) == len(res.src_tokens)
+            assert len(h.tgt_pieces) == len(h.tokens) + 1
+            assert h.text == translator.tokenizer.decode_tgt(h.tokens)
+            assert h.attention.shape == (2, 4, len(h.tgt_pieces), len(h.src_pieces))
+            torch.testing.assert_close(h.attention.sum(-1), torch.ones(h.attention.shape[:-1]))
+    assert results[0].best.text == translator.translate(english[:1])[0]
+    assert translator.translate_detailed(english[:1])[0].best.attention is None
+
+
+def test_overrides(translator: Translator, english: list[str]) -> None:
+    greedy = translator.translate(english[:4], beam=1)
+    assert greedy == [r.best.text for r in translator.translate_detailed(english[:4], beam=1)]
+    short = translator.translate_detailed(english[:4], max_len_a=0.0, max_len_b=2, min_len=2)
+    assert all(len(r.best.tokens) == 2 for r in short)
+    with pytest.raises(ConfigError, match="bem"):
+        translator.translate(english[:1], bem=3)
+    with pytest.raises(ConfigError, match="nbest"):
+        translator.translate_detailed(english[:1], nbest=5)  # more than beam 4
+    assert translator.decode_config(beam=None).beam == 4  # None = the checkpoint's value
+    sampled = translator.translate(english[:4], sampling=True, seed=3, top_k=5)
+    assert sampled == translator.translate(english[:4], sampling=True, seed=3, top_k=5)
+
+
+def test_prefix(translator: Translator) -> None:
+    res = translator.translate_detailed(["a man is riding", "a dog"], prefixes=["ein mann", None],
+                                        max_len_a=0.0, max_len_b=8)
+    prefix_ids = translator.tokenizer.encode_tgt("ein mann")
+    assert res[0].best.tokens[:len(prefix_ids)] == prefix_ids
+
+
+def test_long_input_is_truncated_not_an_error(translator: Translator, caplog) -> None:
+    text = " ".join(["riding"] * 200)  # more pieces than the model's 64 positions
+    with caplog.at_level("WARNING"):
+        out = translator.translate_detailed([text, "a man"])
+    assert len(out[0].src_tokens) == 64
+    assert "truncated" in caplog.text
+
+
+def test_progress_callback(translator: Translator, english: list[str]) -> None:
+    seen: list[int] = []
+    translator.translate_detailed(english + [""], progress=seen.append, batch_tokens=40)
+    assert sum(seen) == len(english) + 1
+
+
+def test_average_of_checkpoints(tiny_checkpoint: Path, second_checkpoint: Path, english: list[str]) -> None:
+    one = Translator.from_checkpoint(tiny_checkpoint)
+    same = Translator.from_checkpoint([tiny_checkpoint, tiny_checkpoint])
+    for a, b in zip(one.model.state_dict().values(), same.model.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    assert same.translate(english[:3]) == one.translate(english[:3])
+    two = Translator.from_checkpoint([tiny_checkpoint, second_checkpoint])
+    other = Translator.from_checkpoint(second_checkpoint)
+    for name, t in two.model.state_dict().items():
+        expected = (one.model.state_dict()[name].double() + other.model.state_dict()[name].double()) / 2
+        torch.testing.assert_close(t, expected.float())
+
+
+def test_checkpoint_errors(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError):
+        Translator.from_checkpoint(tmp_path / "missing")
+    with pytest.raises(CheckpointError):
+        Translator.from_checkpoint([])
+
+
+def test_bf16(tiny_checkpoint: Path, english: list[str]) -> None:
+    tr = Translator.from_checkpoint(tiny_checkpoint, dtype="bf16")
+    out = tr.translate_detailed(english[:3], attention=True)
+    assert all(r.best.attention.dtype == torch.float32 for r in out)
+    with pytest.raises(ConfigError):
+        Translator.from_checkpoint(tiny_checkpoint, dtype="fp8")
+
+
+def test_trainer_style_construction(tiny_checkpoint: Path, english: list[str]) -> None:
+    from aiayn.training.checkpoint import load_checkpoint
+
+    loaded = load_checkpoint(tiny_checkpoint)
+    tr = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)
+    assert tr.translate(english[:2]) == Translator.from_checkpoint(tiny_checkpoint).translate(english[:2])
