@@ -1,0 +1,162 @@
+"""The dynamic batcher on its own, driven by a scripted translate function (no model)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
+from aiayn.serving.metrics import ServerMetrics
+
+
+class Scripted:
+    """Records every call; translates "x" to "T(x)"; raises on a text containing "bad"."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: list[tuple[list[str], DecodeOptions]] = []
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def __call__(self, texts: list[str], nbest: int, attention: bool, overrides: dict[str, Any]) -> list[str]:
+        with self.lock:
+            self.calls.append((list(texts), DecodeOptions.make(nbest, attention, overrides)))
+        time.sleep(self.delay)
+        if any("bad" in t for t in texts):
+            raise ValueError("scripted failure")
+        return [f"T({t})" for t in texts]
+
+
+OPTS = DecodeOptions.make()
+
+
+def submit(b: DynamicBatcher, texts: list[str], options: DecodeOptions = OPTS):
+    return b.submit(texts, [len(t.split()) + 1 for t in texts], options)
+
+
+def test_concurrent_requests_share_model_calls_and_get_their_own_results() -> None:
+    fn = Scripted(delay=0.05)
+    b = DynamicBatcher(fn, window_ms=20)
+    b.start()
+    futures = [submit(b, [f"s{i} a", f"s{i} b"]) for i in range(10)]
+    results = [f.result(timeout=10) for f in futures]
+    b.close()
+    for i, r in enumerate(results):
+        assert r == [f"T(s{i} a)", f"T(s{i} b)"]
+    assert len(fn.calls) < 10
+    assert sum(len(texts) for texts, _ in fn.calls) == 20
+
+
+def test_the_window_lets_a_later_request_join() -> None:
+    fn = Scripted()
+    b = DynamicBatcher(fn, window_ms=300)
+    b.start()
+    first = submit(b, ["one"])
+    time.sleep(0.05)
+    second = submit(b, ["two"])
+    assert first.result(timeout=10) == ["T(one)"] and second.result(timeout=10) == ["T(two)"]
+    b.close()
+    assert [texts for texts, _ in fn.calls] == [["one", "two"]]
+
+
+def test_token_budget_and_sentence_limit_cut_batches() -> None:
+    fn = Scripted()
+    b = DynamicBatcher(fn, max_batch_tokens=10, max_batch_sentences=64, window_ms=0)
+    futures = [submit(b, ["a b c"]) for _ in range(5)]  # 4 tokens each (EOS included)
+    b.start()  # everything is queued before the worker looks
+    for f in futures:
+        f.result(timeout=10)
+    b.close()
+    assert [len(texts) for texts, _ in fn.calls] == [2, 2, 1]  # 2 x 4 <= 10 < 3 x 4
+
+    fn2 = Scripted()
+    b2 = DynamicBatcher(fn2, max_batch_sentences=3, window_ms=0)
+    futures = [submit(b2, ["a"]) for _ in range(7)]
+    b2.start()
+    for f in futures:
+        f.result(timeout=10)
+    b2.close()
+    assert [len(texts) for texts, _ in fn2.calls] == [3, 3, 1]
+
+
+def test_requests_with_different_options_never_share_a_call() -> None:
+    fn = Scripted()
+    b = DynamicBatcher(fn, window_ms=0)
+    beam2 = DecodeOptions.make(overrides={"beam": 2})
+    futures = [submit(b, [f"t{i}"], beam2 if i % 2 else OPTS) for i in range(6)]
+    b.start()
+    for f in futures:
+        f.result(timeout=10)
+    b.close()
+    for texts, opts in fn.calls:
+        expected = beam2 if int(texts[0][1:]) % 2 else OPTS
+        assert all((int(t[1:]) % 2 == 1) == (expected == beam2) for t in texts)
+        assert opts == expected
+    assert len(fn.calls) == 2
+
+
+def test_a_failing_request_fails_alone() -> None:
+    fn = Scripted()
+    metrics = ServerMetrics()
+    b = DynamicBatcher(fn, metrics=metrics, window_ms=0)
+    good1, bad, good2 = submit(b, ["fine"]), submit(b, ["bad one"]), submit(b, ["also fine"])
+    b.start()
+    assert good1.result(timeout=10) == ["T(fine)"]
+    assert good2.result(timeout=10) == ["T(also fine)"]
+    with pytest.raises(ValueError, match="scripted failure"):
+        bad.result(timeout=10)
+    b.close()
+    assert metrics.batch_failures.value() == 1
+    assert [texts for texts, _ in fn.calls][0] == ["fine", "bad one", "also fine"]  # tried together first
+
+
+def test_a_full_queue_refuses_and_counts() -> None:
+    metrics = ServerMetrics()
+    b = DynamicBatcher(Scripted(), metrics=metrics, queue_size=2)
+    submit(b, ["a"])
+    submit(b, ["b"])
+    with pytest.raises(QueueFullError):
+        submit(b, ["c"])
+    assert metrics.rejected.value() == 1
+    b.start()
+    b.close()
+
+
+def test_close_finishes_queued_work_then_refuses() -> None:
+    fn = Scripted(delay=0.02)
+    b = DynamicBatcher(fn, enabled=False)
+    futures = [submit(b, [f"q{i}"]) for i in range(4)]
+    b.start()
+    b.close()
+    assert [f.result(timeout=1) for f in futures] == [[f"T(q{i})"] for i in range(4)]
+    with pytest.raises(ShuttingDownError):
+        submit(b, ["late"])
+
+
+def test_without_batching_every_request_runs_alone() -> None:
+    fn = Scripted()
+    b = DynamicBatcher(fn, enabled=False)
+    futures = [submit(b, ["a", "b"]) for _ in range(5)]
+    b.start()
+    for f in futures:
+        f.result(timeout=10)
+    b.close()
+    assert [len(texts) for texts, _ in fn.calls] == [2] * 5
+
+
+def test_metrics_render_in_prometheus_text_format() -> None:
+    metrics = ServerMetrics()
+    b = DynamicBatcher(Scripted(), metrics=metrics, window_ms=0)
+    b.start()
+    submit(b, ["a b", "c"]).result(timeout=10)
+    b.close()
+    text = metrics.render()
+    assert "# TYPE aiayn_batch_sentences histogram" in text
+    assert 'aiayn_batch_sentences_bucket{le="2"} 1' in text
+    assert 'aiayn_batch_sentences_bucket{le="1"} 0' in text
+    assert "aiayn_batch_sentences_count 1" in text
+    assert "aiayn_sentences_total 2" in text
+    assert "aiayn_source_tokens_total 5" in text
+    assert text.endswith("\n")
