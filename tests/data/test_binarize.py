@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aiayn.data.batching import BatchIterator, collate
 from aiayn.data.binarize import TokenDataset, binarize, binarize_files
 from aiayn.data.corpus import FilterConfig
 from aiayn.errors import DataError
@@ -95,3 +96,14 @@ def test_damaged_split_is_a_data_error(tok: Tokenizer, tmp_path: Path) -> None:
         TokenDataset(tmp_path / "split")
     with pytest.raises(DataError, match="not a binarized split"):
         TokenDataset(tmp_path / "nothing")
+
+
+def test_vectorized_collation_matches_collate(tok: Tokenizer, tmp_path: Path) -> None:
+    ds = binarize(list(zip(SRC, TGT)) + [("", "")], tok, tmp_path / "split")
+    it = BatchIterator(ds, max_tokens=60, seed=1)
+    for idx in it.epoch_batches(1):
+        fast = it.make_batch(idx)
+        slow = collate([(int(i), *ds[int(i)]) for i in idx])
+        for name in ("src", "tgt_in", "tgt_out", "ids"):
+            assert getattr(fast, name).equal(getattr(slow, name)), name
+        assert (fast.n_src_tokens, fast.n_tgt_tokens) == (slow.n_src_tokens, slow.n_tgt_tokens)

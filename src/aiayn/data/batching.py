@@ -110,6 +110,21 @@ def collate(samples: Sequence[tuple[int, np.ndarray, np.ndarray]]) -> Batch:
                  torch.from_numpy(ids), n_src, n_tgt)
 
 
+def collate_padded(ids: np.ndarray, src: np.ndarray, src_lens: np.ndarray, tgt: np.ndarray,
+                   tgt_lens: np.ndarray) -> Batch:
+    """:func:`collate` from already padded matrices: ``src`` (B, S) with EOS, ``tgt`` (B, T-1)."""
+    b, w = tgt.shape
+    tgt_in = np.full((b, w + 1), PAD_ID, dtype=np.int64)
+    tgt_in[:, 0] = BOS_ID
+    tgt_in[:, 1:] = tgt
+    tgt_out = np.full((b, w + 1), PAD_ID, dtype=np.int64)
+    tgt_out[:, :w] = tgt
+    tgt_out[np.arange(b), tgt_lens] = EOS_ID
+    return Batch(torch.from_numpy(np.ascontiguousarray(src, dtype=np.int64)), torch.from_numpy(tgt_in),
+                 torch.from_numpy(tgt_out), torch.from_numpy(np.asarray(ids, dtype=np.int64)),
+                 int(src_lens.sum()), int(tgt_lens.sum()) + b)
+
+
 def padded_cost(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> int:
     """Tokens a batch of these sentences occupies: count x longest side (tgt counts BOS/EOS)."""
     if len(src_sizes) == 0:
@@ -239,6 +254,11 @@ class BatchIterator:
 
     def make_batch(self, indices: np.ndarray) -> Batch:
         ds = self.dataset
+        padded = getattr(ds, "padded", None)
+        if padded is not None:  # TokenDataset: vectorized gather from the memory map
+            src, src_lens = padded(indices, "src")
+            tgt, tgt_lens = padded(indices, "tgt")
+            return collate_padded(np.asarray(indices), src, src_lens, tgt, tgt_lens)
         return collate([(int(i), *ds[int(i)]) for i in indices])
 
     # ------------------------------------------------------------------ resume

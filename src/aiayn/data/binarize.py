@@ -30,7 +30,7 @@ import numpy as np
 
 from aiayn.data.corpus import FilterConfig, drop_reason
 from aiayn.errors import DataError
-from aiayn.text.tokenizer import Tokenizer
+from aiayn.text.tokenizer import PAD_ID, Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,23 @@ class TokenDataset:
         src = np.array(self._src[self._src_off[i]:self._src_off[i + 1]], dtype=np.int64)
         tgt = np.array(self._tgt[self._tgt_off[i]:self._tgt_off[i + 1]], dtype=np.int64)
         return src, tgt
+
+    def padded(self, indices: np.ndarray, side: str) -> tuple[np.ndarray, np.ndarray]:
+        """Sentences ``indices`` of one side as a right-padded (B, max len) int64 matrix, and lengths.
+
+        Vectorized gather from the memory map: collation without a Python loop per sentence
+        (a 25k-token batch holds ~1,000 sentences).
+        """
+        ids, off = (self._src, self._src_off) if side == "src" else (self._tgt, self._tgt_off)
+        idx = np.asarray(indices, dtype=np.int64)
+        starts = off[idx]
+        lens = off[idx + 1] - starts
+        width = int(lens.max()) if len(lens) else 0
+        cols = np.arange(width, dtype=np.int64)
+        mask = cols[None, :] < lens[:, None]
+        out = np.full((len(idx), width), PAD_ID, dtype=np.int64)
+        out[mask] = ids[(starts[:, None] + cols[None, :])[mask]]
+        return out, lens
 
     @property
     def key(self) -> str:
