@@ -456,7 +456,8 @@ class Trainer:
         self._t0 = time.monotonic()
         last_time_save = time.monotonic()
         interval = _Interval()
-        stop_reason = None
+        stop_reason: str | None = None
+        trained = False
         bar = self._progress_bar()
         n_params = sum(p.numel() for p in self.params)
         # Only the main process holds the validation set; every process must know whether
@@ -473,7 +474,7 @@ class Trainer:
         try:
             with self._signals(), redirect:
                 while True:
-                    if tc.max_steps and self.step >= tc.max_steps:
+                    if tc.max_steps and self.step >= tc.max_steps:  # e.g. resumed at the end
                         stop_reason = "max_steps"
                         break
                     group = self._next_group()
@@ -493,6 +494,7 @@ class Trainer:
                         continue
                     if bar is not None:
                         bar.update(1)
+                    trained = True
                     if tc.log_every and self.step % tc.log_every == 0:
                         self._log_train(interval, result.lr, bar)
                         interval = _Interval()
@@ -503,31 +505,38 @@ class Trainer:
                         now - last_time_save >= tc.save_every_minutes * 60
                     time_over, time_save, signalled = self._agree(
                         [time_over, time_save, self._stop_signal is not None])
-                    valid_now = has_valid and self.step % tc.valid_every == 0
+                    if tc.max_steps and self.step >= tc.max_steps:
+                        stop_reason = "max_steps"
+                    elif time_over:
+                        stop_reason = "max_time"
+                    elif signalled:
+                        stop_reason = "signal"
+                    final = stop_reason is not None
+                    if final and interval.steps:
+                        self._log_train(interval, result.lr, bar)
+                    valid_now = has_valid and (self.step % tc.valid_every == 0 or final)
                     is_best = self._maybe_validate() if valid_now else False
-                    save_now = (bool(tc.save_every) and self.step % tc.save_every == 0) or time_save \
-                        or (is_best and tc.keep_best)
+                    save_now = (bool(tc.save_every) and self.step % tc.save_every == 0) \
+                        or time_save or final
                     if valid_now or save_now:
                         # Collective on every process (the best-checkpoint decision is the
                         # main process's, so every validation step is a potential save).
-                        is_best = self._agree([is_best])[0]
-                        if save_now or (is_best and tc.keep_best):
-                            self.save(is_best=is_best and tc.keep_best)
+                        is_best = self._agree([is_best])[0] and tc.keep_best
+                        if save_now or is_best:
+                            self.save(is_best=is_best)
                             last_time_save = time.monotonic()
-                    if time_over:
-                        stop_reason = "max_time"
-                        break
-                    if signalled:
-                        stop_reason = "signal"
+                    if final:
                         break
             if stop_reason == "diverged":
                 return self._diverged()
-            if has_valid and self.step != self._last_valid_step:
-                is_best = self._agree([self._maybe_validate()])[0]
-            else:
+            if trained and self._last_saved_step != self.step:
+                # Stopped by max_epochs: the last update could not know it was the last.
+                if interval.steps:
+                    self._log_train(interval, self.schedule(self.step), bar)
                 is_best = False
-            if self._last_saved_step != self.step or is_best:
-                self.save(is_best=is_best and tc.keep_best)
+                if has_valid and self.step != self._last_valid_step:
+                    is_best = self._agree([self._maybe_validate()])[0] and tc.keep_best
+                self.save(is_best=is_best)
         finally:
             if bar is not None:
                 bar.close()
