@@ -287,3 +287,44 @@ def test_parsing_hook_builds_a_prepared_directory(tmp_path: Path, monkeypatch: p
     assert (tmp_path / "p" / "test.gold.txt").is_file()
     assert split_text(tmp_path / "p", "test")[1][0] == "(S (NP XX XX )NP (VP XX )VP XX )S"
     assert leftovers(tmp_path) == []
+
+
+def test_archive_dataset_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A WMT-shaped dataset (archive members, SGML test set) with default split names."""
+    import hashlib
+    import io
+    import tarfile
+
+    def sgm(lines: list[str]) -> bytes:
+        segs = "".join(f'<seg id="{i + 1}">{line}</seg>\n' for i, line in enumerate(lines))
+        return f'<srcset>\n<doc docid="d">\n{segs}</doc>\n</srcset>\n'.encode()
+
+    entries = {"train/c.de-en.en": "\n".join(SRC).encode() + b"\n",
+               "train/c.de-en.de": "\n".join(TGT).encode() + b"\n",
+               "dev/nt13.en": b"hello there\n", "dev/nt13.de": b"hallo da\n",
+               "test/nt14-deen-src.en.sgm": sgm(["the red house", "a small dog runs"]),
+               "test/nt14-deen-ref.de.sgm": sgm(["das rote haus", "ein kleiner hund rennt"])}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in entries.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (tmp_path / "mirror" / "fake").mkdir(parents=True)
+    (tmp_path / "mirror" / "fake" / "all.tgz").write_bytes(buf.getvalue())
+    rf = ds.RemoteFile("fake/all.tgz", "http://example.invalid/all.tgz",
+                       hashlib.sha256(buf.getvalue()).hexdigest())
+    monkeypatch.setitem(ds.DATASETS, "fake", ds.DatasetInfo(
+        "fake", "test", ("en", "de"), {s: ("en", "de") for s in ("train", "nt13", "nt14")}, "nt13", "nt14"))
+    monkeypatch.setitem(ds._WMT_PARTS, "fake", {
+        "train": (ds.Part(rf, "train/c.de-en.{lang}"),),
+        "nt13": (ds.Part(rf, "dev/nt13.{lang}"),),
+        "nt14": (ds.Part(rf, "test/nt14-deen-{role}.{lang}.sgm", sgm=True),)})
+    cfg = DataConfig(dataset="fake", data_dir=str(tmp_path / "mirror"), vocab_size=80,
+                     download_dir=str(tmp_path / "cache"))
+    summary = prepare_data(cfg, tmp_path / "out", progress=False)
+    assert {r: (s["name"], s["pairs"]) for r, s in summary["splits"].items()} == {
+        "train": ("train", len(SRC)), "valid": ("nt13", 1), "test": ("nt14", 2)}
+    assert split_text(tmp_path / "out", "test") == (["the red house", "a small dog runs"],
+                                                    ["das rote haus", "ein kleiner hund rennt"])
+    assert ensure_prepared(cfg, tmp_path / "out") == tmp_path / "out"
