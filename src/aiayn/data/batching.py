@@ -134,26 +134,25 @@ def padded_cost(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> int:
 
 def _boundaries(src_sorted: np.ndarray, tgt_sorted: np.ndarray, max_tokens: int) -> list[int]:
     """Greedy batch boundaries over length-sorted sentences: ``[0, b1, b2, ..., n]``."""
-    bounds = [0]
-    longest = 0
-    start = 0
-    oversize = 0
-    # Plain Python over ints: one pass at construction time (~1 s for 4.5M sentences).
-    for i, (a, b) in enumerate(zip(src_sorted.tolist(), tgt_sorted.tolist())):
-        need = max(a, b + 1)
-        if need > max_tokens:
-            oversize += 1
-        new_longest = max(longest, need)
-        if i > start and (i - start + 1) * new_longest > max_tokens:
-            bounds.append(i)
-            start = i
-            new_longest = need
-        longest = new_longest
-    if len(src_sorted) > start:
-        bounds.append(len(src_sorted))
+    need_arr = np.maximum(src_sorted, tgt_sorted + 1)  # longest side of each sentence
+    oversize = int((need_arr > max_tokens).sum())
     if oversize:
         log.warning("%d sentence(s) longer than max_tokens=%d form batches of their own",
                     oversize, max_tokens)
+    # Sequential by nature; plain Python over ints, once per iterator (~2 s for 4.5M sentences).
+    bounds = [0]
+    start = 0
+    longest = 0
+    for i, need in enumerate(need_arr.tolist()):
+        grown = need if need > longest else longest
+        if grown * (i - start + 1) > max_tokens and i > start:
+            bounds.append(i)
+            start = i
+            longest = need
+        else:
+            longest = grown
+    if len(need_arr) > start:
+        bounds.append(len(need_arr))
     return bounds
 
 
@@ -186,6 +185,7 @@ class BatchIterator:
         n = len(self._src_sizes)
         if n == 0:
             raise DataError("cannot batch an empty dataset")
+        self._sort_key = self._src_sizes * (int(self._tgt_sizes.max()) + 1) + self._tgt_sizes
         # The sorted length sequence is the same for every tie-break permutation, so the
         # boundaries (and the split schedule for sharding) are computed once.
         order = self._sorted_order(None)
@@ -198,9 +198,9 @@ class BatchIterator:
     def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
         n = len(self._src_sizes)
         base = rng.permutation(n) if rng is not None else np.arange(n)
-        # lexsort: last key is primary -> source length, then target length, then `base`.
-        keys = (self._tgt_sizes[base], self._src_sizes[base])
-        return base[np.lexsort(keys)]
+        # By source length, then target length; a stable sort keeps `base`'s order among
+        # equal lengths. One combined integer key sorts ~2x faster than np.lexsort.
+        return base[np.argsort(self._sort_key[base], kind="stable")]
 
     def _shard_bounds(self, bounds: list[int]) -> list[int]:
         """Split the largest batches in two until the batch count divides by num_shards."""
