@@ -29,7 +29,7 @@ import shutil
 import tarfile
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -314,11 +314,11 @@ def fetch_file(file: RemoteFile, dest: Path, mirror: Path | None = None, progres
     return target
 
 
-def _atomic_fetch(target: Path, file: RemoteFile, write: object, origin: str) -> None:
+def _atomic_fetch(target: Path, file: RemoteFile, write: Callable[[Path], object], origin: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.part-{os.getpid()}")
     try:
-        write(tmp)  # type: ignore[operator]
+        write(tmp)
         verify(tmp, file, origin=origin)
         os.replace(tmp, target)
     finally:
