@@ -1,0 +1,9 @@
+"""Moving models to and from the ecosystem: Hugging Face MarianMT and CTranslate2.
+
+Needs the ``interop`` extra (``transformers``, ``ctranslate2``); importing this package
+does not, the functions say what is missing when called.
+"""
+
+from aiayn.interop.hf_marian import InteropError, export_hf, import_hf, load_marian
+
+__all__ = ["InteropError", "export_hf", "import_hf", "load_marian"]
