@@ -16,6 +16,7 @@ step 2N with the same weights, bit for bit, as a run that never stopped.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -141,9 +142,12 @@ class Trainer:
         wrapped: nn.Module = self.model
         if self.dist.enabled:
             ids = [self.device.index] if self.device.type == "cuda" else None
-            # No buffers need syncing (the sinusoid table is a constant).
-            wrapped = nn.parallel.DistributedDataParallel(
-                self.model, device_ids=ids, broadcast_buffers=False)
+            # No buffers need syncing at each forward (the sinusoid table is a constant);
+            # newer torch renamed the switch.
+            ddp_cls = nn.parallel.DistributedDataParallel
+            no_sync = "forward_sync_buffers" if "forward_sync_buffers" in \
+                inspect.signature(ddp_cls.__init__).parameters else "broadcast_buffers"
+            wrapped = ddp_cls(self.model, device_ids=ids, **{no_sync: False})
         self.ddp = wrapped if self.dist.enabled else None
         self.forward_model = torch.compile(wrapped) if self.tc.compile else wrapped
 
