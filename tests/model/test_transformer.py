@@ -160,3 +160,21 @@ def test_model_info_cli() -> None:
     assert bad.returncode == 2
     assert "model.n_heads: d_model=512 is not divisible" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_reorder_grows_for_beams_then_shrinks() -> None:
+    model = _model()
+    src, tgt = _batch()
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        full, _ = model.decode(tgt, memory, mask)
+        cache = model.init_cache(memory, mask, max_len=8)
+        model.decode_step(tgt[:, 0], cache)
+        grow = torch.tensor([0, 0, 1, 1, 2, 2])  # one row per beam, as beam search expands
+        cache.reorder(grow)
+        step, _ = model.decode_step(tgt[grow, 1], cache)
+        assert (step - full[grow, 1]).abs().max() <= 1e-5
+        shrink = torch.tensor([5, 2])
+        cache.reorder(shrink)
+        step, _ = model.decode_step(tgt[grow[shrink], 2], cache)
+    assert (step - full[grow[shrink], 2]).abs().max() <= 1e-5

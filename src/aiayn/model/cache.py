@@ -64,14 +64,20 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',) in that order, e.g. beam parents."""
-        n = self.length
+        n, rows = self.length, index.numel()
         for c in self.layers:
-            # Only the filled prefix is worth copying; later positions get overwritten.
-            self_k = c.self_k.new_zeros((index.numel(),) + c.self_k.shape[1:])
-            self_v = torch.zeros_like(self_k)
-            self_k[:, :, :n] = c.self_k[:, :, :n].index_select(0, index)
-            self_v[:, :, :n] = c.self_v[:, :, :n].index_select(0, index)
-            c.self_k, c.self_v = self_k, self_v
+            # Only the filled prefix is worth copying; later positions get overwritten. The
+            # buffers are reused in place: a shrinking batch keeps a view of its first rows
+            # (still contiguous), so no step allocates a whole new max_len buffer.
+            k = c.self_k[:, :, :n].index_select(0, index)
+            v = c.self_v[:, :, :n].index_select(0, index)
+            if rows <= c.self_k.size(0):
+                c.self_k, c.self_v = c.self_k[:rows], c.self_v[:rows]
+            else:  # growing (e.g. one row per beam): new buffers
+                c.self_k = c.self_k.new_zeros((rows,) + c.self_k.shape[1:])
+                c.self_v = torch.zeros_like(c.self_k)
+            c.self_k[:, :, :n] = k
+            c.self_v[:, :, :n] = v
             c.cross_k = c.cross_k.index_select(0, index)
             c.cross_v = c.cross_v.index_select(0, index)
         self.src_mask = self.src_mask.index_select(0, index)
