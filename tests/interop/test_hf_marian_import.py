@@ -1,0 +1,223 @@
+"""`aiayn import hf`: a local MarianMT directory becomes an aiayn checkpoint computing the same."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+spm = pytest.importorskip("sentencepiece")
+pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+
+from aiayn.cli.main import main  # noqa: E402
+from aiayn.config import DecodeConfig  # noqa: E402
+from aiayn.interop.hf_marian import PAD_LOGIT_BIAS, InteropError, export_hf, import_hf  # noqa: E402
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer  # noqa: E402
+from aiayn.training.checkpoint import load_checkpoint  # noqa: E402
+
+
+def _marian_spm(texts: list[str], vocab_size: int, model_type: str) -> bytes:
+    """A SentencePiece model as Marian/OPUS-MT train them: default ids (<unk> 0, <s> 1, </s> 2)."""
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_writer=buf, vocab_size=vocab_size,
+                                   model_type=model_type, hard_vocab_limit=False, minloglevel=2)
+    return buf.getvalue()
+
+
+def _marian_vocab(*protos: bytes) -> dict[str, int]:
+    """OPUS-MT's vocab.json layout: </s> 0, <unk> 1, the pieces, <pad> last."""
+    vocab = {"</s>": 0, "<unk>": 1}
+    for proto in protos:
+        sp = spm.SentencePieceProcessor()
+        sp.LoadFromSerializedProto(proto)
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    vocab["<pad>"] = len(vocab)
+    return vocab
+
+
+def make_marian_dir(path: Path, src: list[str], tgt: list[str], *, activation: str = "swish",
+                    separate: bool = False, seed: int = 0) -> Path:
+    """A random-initialised MarianMT with its tokenizer, saved as a user would have it on disk."""
+    # HF uses the (target) pad id as padding_idx of the source embedding too: with separate
+    # vocabularies the source one must be the larger.
+    src_proto = _marian_spm(src, 60, "bpe")
+    tgt_proto = _marian_spm(tgt, 44, "unigram")
+    if separate:
+        src_vocab, tgt_vocab = _marian_vocab(src_proto), _marian_vocab(tgt_proto)
+    else:
+        src_vocab = tgt_vocab = _marian_vocab(src_proto, tgt_proto)
+    start = tgt_vocab["<pad>"]  # OPUS-MT: the decoder starts from <pad>
+    cfg = transformers.MarianConfig(
+        vocab_size=len(src_vocab), decoder_vocab_size=len(tgt_vocab), d_model=32, encoder_layers=2,
+        decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, activation_function=activation, max_position_embeddings=128,
+        pad_token_id=start, decoder_start_token_id=start, eos_token_id=0, forced_eos_token_id=0,
+        scale_embedding=True, share_encoder_decoder_embeddings=not separate, dropout=0.0,
+        # Larger than the default 0.02, so that logits are spread out and greedy decoding does
+        # not hinge on near-ties.
+        init_std=0.2,
+    )
+    torch.manual_seed(seed)
+    model = transformers.MarianMTModel(cfg).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 1.0)  # a non-trivial final_logits_bias
+    model.generation_config = transformers.GenerationConfig(
+        num_beams=4, max_length=64, bad_words_ids=[[start]], decoder_start_token_id=start,
+        pad_token_id=start, eos_token_id=0, forced_eos_token_id=0)
+    model.save_pretrained(str(path))
+    (path / "source.spm").write_bytes(src_proto)
+    (path / "target.spm").write_bytes(tgt_proto)
+    (path / "vocab.json").write_text(json.dumps(src_vocab, ensure_ascii=False), encoding="utf-8")
+    extra = {}
+    if separate:
+        (path / "target_vocab.json").write_text(json.dumps(tgt_vocab, ensure_ascii=False), encoding="utf-8")
+        extra = dict(target_vocab_file=str(path / "target_vocab.json"), separate_vocabs=True)
+    tok = transformers.MarianTokenizer(str(path / "source.spm"), str(path / "target.spm"), str(path / "vocab.json"),
+                                       source_lang="en", target_lang="de", **extra)
+    tok.save_pretrained(str(path))
+    return path
+
+
+def _rows(tok: Tokenizer, hf_dir: Path, side: str) -> list[int]:
+    """For each aiayn id, the Marian row it came from (-1 for the added PAD row), by name."""
+    name = "target_vocab.json" if side == "tgt" and (hf_dir / "target_vocab.json").is_file() else "vocab.json"
+    vocab = json.loads((hf_dir / name).read_text(encoding="utf-8"))
+    n = tok.tgt_vocab_size if side == "tgt" else tok.src_vocab_size
+    pieces = tok.tgt_pieces(range(n)) if side == "tgt" else tok.src_pieces(range(n))
+    rows = [vocab[p] if p in vocab else -1 for p in pieces]
+    rows[PAD_ID] = -1
+    rows[BOS_ID] = vocab["<pad>"]  # Marian's decoder start
+    return rows
+
+
+@pytest.mark.parametrize("activation,separate", [("swish", False), ("gelu", True)])
+def test_import_gives_same_logits_and_greedy_output(tmp_path: Path, helpers, activation: str,
+                                                    separate: bool) -> None:
+    src, tgt = helpers.toy_pairs(400, seed=11)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt, activation=activation, separate=separate)
+    ckpt = import_hf(hf_dir, tmp_path / "imported")
+    loaded = load_checkpoint(ckpt)  # what translate / serve / train --init-from do
+    model, tok, cfg = loaded.model, loaded.tokenizer, loaded.config
+    assert isinstance(tok, Tokenizer)
+    assert cfg.model.activation == activation and cfg.model.sinusoid_layout == "concat"
+    assert cfg.model.share_embeddings == ("decoder" if separate else "all")
+    assert cfg.decode.beam == 4 and cfg.decode.lenpen_style == "fairseq"
+
+    hf_model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).eval()
+    hf_tok = transformers.MarianTokenizer.from_pretrained(str(hf_dir))
+    texts, refs = src[:12], tgt[:12]
+    # The rewritten SentencePiece models segment exactly as Marian's tokenizer does.
+    # (HF's convert_ids_to_tokens names ids by the target vocabulary: look source ids up here.)
+    src_names = {i: p for p, i in json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8")).items()}
+    for t in texts:
+        assert tok.src_pieces(tok.encode_src(t)) == [src_names[i] for i in hf_tok(t).input_ids]
+    marian_tgt = spm.SentencePieceProcessor(model_file=str(hf_dir / "target.spm"))
+    for t in refs:
+        assert tok.tokenize_tgt(t) == marian_tgt.encode(t, out_type=str)
+
+    src_rows, tgt_rows = _rows(tok, hf_dir, "src"), _rows(tok, hf_dir, "tgt")
+    start = hf_model.config.decoder_start_token_id
+    ours_src = helpers.pad_batch([tok.encode_src(t) for t in texts])
+    batch = hf_tok(texts, return_tensors="pt", padding=True)
+    mapped = [[src_rows[i] for i in tok.encode_src(t)] for t in texts]
+    assert [row[:len(m)] for row, m in zip(batch.input_ids.tolist(), mapped)] == mapped
+    ours_tgt = [[BOS_ID] + tok.encode_tgt(t) for t in refs]
+    hf_tgt = helpers.pad_batch([[start] + [tgt_rows[i] for i in ids[1:]] for ids in ours_tgt], pad=start)
+    with torch.no_grad():
+        a = model(ours_src, helpers.pad_batch(ours_tgt))
+        h = hf_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                     decoder_input_ids=hf_tgt).logits
+    real = [i for i, r in enumerate(tgt_rows) if r >= 0]
+    assert len(real) == h.size(-1)  # every Marian row is an aiayn id
+    assert (a[..., real] - h[..., [tgt_rows[i] for i in real]]).abs().max().item() <= 1e-4
+    # The added PAD row is invisible: same log-probabilities over the Marian rows.
+    assert (a[..., PAD_ID] <= PAD_LOGIT_BIAS + 1e-3).all()
+    lp_a = torch.log_softmax(a, -1)[..., real]
+    lp_h = torch.log_softmax(h, -1)[..., [tgt_rows[i] for i in real]]
+    assert (lp_a - lp_h).abs().max().item() <= 1e-4
+
+    # Greedy: the same tokens, with the same length limit (20 tokens, then EOS is forced).
+    ours = helpers.aiayn_search(model, tok, texts, DecodeConfig(beam=1, max_len_a=0.0, max_len_b=20))
+    with torch.no_grad():
+        seq = hf_model.generate(**batch, num_beams=1, do_sample=False, max_length=22)
+    theirs = helpers.hf_generated(seq, hf_model.config.eos_token_id)
+    assert [[tgt_rows[i] for i in o] for o in ours] == theirs
+    assert any(len(o) > 0 for o in ours)
+
+
+def test_round_trip_export_then_import_is_exact(tmp_path: Path, trained, helpers) -> None:
+    """aiayn -> HF -> aiayn keeps every id (HF pad 0 and decoder start 2 differ: no row added)."""
+    hf_dir = export_hf(trained.checkpoint, tmp_path / "hf")
+    loaded = load_checkpoint(import_hf(hf_dir, tmp_path / "back"))
+    assert loaded.config.model.src_vocab_size == trained.config.model.src_vocab_size
+    assert loaded.tokenizer.tokenize_src(trained.test_src[0]) == trained.tokenizer.tokenize_src(trained.test_src[0])
+    texts, refs = trained.test_src[:16], trained.test_tgt[:16]
+    src = helpers.pad_batch([trained.tokenizer.encode_src(t) for t in texts])
+    assert torch.equal(src, helpers.pad_batch([loaded.tokenizer.encode_src(t) for t in texts]))
+    tgt = helpers.pad_batch([[BOS_ID] + trained.tokenizer.encode_tgt(t) for t in refs])
+    with torch.no_grad():
+        diff = (trained.model(src, tgt) - loaded.model(src, tgt)).abs().max().item()
+    assert diff <= 1e-4
+    greedy = DecodeConfig(beam=1)
+    assert (helpers.aiayn_search(loaded.model, loaded.tokenizer, texts, greedy)
+            == helpers.aiayn_search(trained.model, trained.tokenizer, texts, greedy))
+
+
+def test_cli_import(tmp_path: Path, helpers, capsys: pytest.CaptureFixture) -> None:
+    src, tgt = helpers.toy_pairs(200, seed=12)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", "hf", str(hf_dir), str(tmp_path / "ckpt")])
+    assert exit_.value.code == 0
+    assert "imported" in capsys.readouterr().out
+    assert load_checkpoint(tmp_path / "ckpt").tokenizer.src_vocab_size > 4
+
+
+def test_import_rejects_a_directory_that_is_not_marian(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    with pytest.raises(InteropError, match="not a Marian model .*model_type='bert'"):
+        import_hf(bert, tmp_path / "out")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InteropError, match="no config.json"):
+        import_hf(empty, tmp_path / "out")
+    with pytest.raises(InteropError, match="no such directory"):
+        import_hf(tmp_path / "missing", tmp_path / "out")
+    # Through the CLI: one line, no traceback, non-zero exit, nothing written.
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", "hf", str(bert), str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "aiayn import: error:" in err and "not a Marian model" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_rejects_marian_without_tokenizer_files(tmp_path: Path, helpers) -> None:
+    src, tgt = helpers.toy_pairs(200, seed=13)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)
+    (hf_dir / "target.spm").unlink()
+    with pytest.raises(InteropError, match="tokenizer files missing: target.spm"):
+        import_hf(hf_dir, tmp_path / "out")
+
+
+def test_import_rejects_unsupported_activation(tmp_path: Path, helpers) -> None:
+    src, tgt = helpers.toy_pairs(200, seed=14)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt, activation="gelu_new")
+    with pytest.raises(InteropError, match="activation_function='gelu_new'"):
+        import_hf(hf_dir, tmp_path / "out")
+
+
+def test_eos_and_pad_ids_of_imported_tokenizer(tmp_path: Path, helpers) -> None:
+    src, tgt = helpers.toy_pairs(200, seed=15)
+    tok = load_checkpoint(import_hf(make_marian_dir(tmp_path / "m", src, tgt), tmp_path / "c")).tokenizer
+    ids = tok.encode_src(src[0])
+    assert ids[-1] == EOS_ID and PAD_ID not in ids and BOS_ID not in ids
+    assert tok.decode_tgt(tok.encode_tgt(tgt[0])) == tgt[0]
