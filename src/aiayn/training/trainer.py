@@ -708,6 +708,9 @@ def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = N
     threads = os.environ.get("AIAYN_NUM_THREADS")
     if threads:
         torch.set_num_threads(int(threads))
+    if cfg.train.dtype == "fp16" and not (cfg.train.device != "cpu" and torch.cuda.is_available()):
+        raise ConfigError("train.dtype: fp16 needs a CUDA device (it relies on a gradient "
+                          "scaler); use bf16 on CPU")
     info, device = init_distributed(cfg.train.device)
     run_dir = Path(run_dir)
     handler = None
