@@ -1,0 +1,168 @@
+"""sacreBLEU scoring: identical to the sacrebleu command line, line-count checks, the
+paper-style tokenized BLEU."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+
+from aiayn.cli.main import main
+from aiayn.errors import DataError
+from aiayn.evaluation.bleu import (
+    TOKENIZED_BLEU_NOTE,
+    compound_split,
+    corpus_bleu,
+    corpus_scores,
+    read_lines,
+    tokenized_bleu,
+)
+
+WORDS = ("Ein Mann fährt mit dem Fahrrad über die Haus-Tür , ein Hund läuft im Park . "
+         "Zwei Frauen spielen Fußball auf der Straße ! „Hallo“ 3-4 10.000 Kinder").split()
+
+
+def _corpus(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(0 if i % 17 == 0 else 3, 14)))
+            for i in range(n)]
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, Path]:
+    refs = _corpus(60, 1)
+    rng = random.Random(2)
+    hyps = [" ".join(w for w in r.split() if rng.random() > 0.3) for r in refs]
+    hyps[3] = hyps[3] + "   "  # trailing whitespace, as real files have
+    ref2 = _corpus(60, 3)
+    out = {"hyp": tmp_path / "hyp.de", "ref": tmp_path / "ref.de", "ref2": tmp_path / "ref2.de"}
+    out["hyp"].write_text("\n".join(hyps) + "\n", encoding="utf-8")
+    out["ref"].write_text("\n".join(refs) + "\n", encoding="utf-8")
+    out["ref2"].write_text("\n".join(ref2) + "\n", encoding="utf-8")
+    return out
+
+
+def _sacrebleu_cli(ref_files: list[Path], hyp: Path, width: int = 1) -> dict[str, float]:
+    exe = shutil.which("sacrebleu", path=str(Path(sys.executable).parent)) or shutil.which("sacrebleu")
+    cmd = [exe] if exe else [sys.executable, "-m", "sacrebleu"]
+    proc = subprocess.run(cmd + [str(r) for r in ref_files] + ["-i", str(hyp), "-m", "bleu", "chrf",
+                                                               "-w", str(width)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    data = json.loads(proc.stdout)
+    return {d["name"]: (d["score"], d["signature"]) for d in data}
+
+
+def _aiayn(argv: list[str], capsys) -> tuple[int, str, str]:
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("width", [1, 4])
+@pytest.mark.parametrize("n_refs", [1, 2])
+def test_evaluate_equals_sacrebleu_command_line(files, capsys, width: int, n_refs: int) -> None:
+    refs = [files["ref"], files["ref2"]][:n_refs]
+    expected = _sacrebleu_cli(refs, files["hyp"], width)
+    argv = ["evaluate", "--hyp", str(files["hyp"]), "--json", "--width", str(width)]
+    for r in refs:
+        argv += ["--ref", str(r)]
+    code, out, err = _aiayn(argv, capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["bleu"] == expected["BLEU"][0]
+    assert got["chrf"] == expected["chrF2"][0]
+    assert got["signature"] == got["bleu_signature"] == expected["BLEU"][1]
+    assert got["chrf_signature"] == expected["chrF2"][1]
+    # The human-readable form prints the same figures.
+    code, out, _ = _aiayn([a for a in argv if a != "--json"], capsys)
+    assert f"BLEU = {expected['BLEU'][0]:.{width}f}" in out
+    assert f"chrF2 = {expected['chrF2'][0]:.{width}f}" in out
+    assert expected["BLEU"][1] in out
+
+
+def test_library_matches_sacrebleu_api(files) -> None:
+    hyps, refs = read_lines(files["hyp"]), read_lines(files["ref"])
+    scores = corpus_scores(hyps, refs)
+    assert scores["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert scores["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert corpus_bleu(hyps, refs) == pytest.approx(scores["bleu"])
+    assert corpus_scores(hyps, [refs])["bleu"] == scores["bleu"]  # one stream given as a list of streams
+    assert {"bleu", "chrf", "signature", "bleu_signature", "chrf_signature"} <= set(scores)
+    assert corpus_scores(["a b c"], ["a b c"])["bleu"] == pytest.approx(0.0)  # shorter than 4-grams
+
+
+def test_line_count_mismatch_is_an_error(files, tmp_path: Path, capsys) -> None:
+    hyps, refs = read_lines(files["hyp"]), read_lines(files["ref"])
+    with pytest.raises(DataError, match="line counts must match"):
+        corpus_scores(hyps[:-1], refs)
+    with pytest.raises(DataError, match="reference set 2"):
+        corpus_scores(hyps, [refs, refs[:-2]])
+    short = tmp_path / "short.de"
+    short.write_text("\n".join(hyps[:10]) + "\n", encoding="utf-8")
+    code, out, err = _aiayn(["evaluate", "--hyp", str(short), "--ref", str(files["ref"])], capsys)
+    assert code == 2 and out == ""
+    assert "60 lines" in err and "10" in err and "Traceback" not in err
+
+
+def test_reading_files(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "x.txt"
+    # Only b"\n" ends a line: U+2028 and U+0085 inside a line do not split it.
+    path.write_bytes(b"a b  \r\n\nc" + "\u2028d\x85e".encode() + b"\nlast")
+    assert read_lines(path) == ["a b", "", "c\u2028d\x85e", "last"]
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"ok\nfine\nbro\xffken\n")
+    with pytest.raises(DataError, match=r"bad.txt:3: invalid UTF-8"):
+        read_lines(bad)
+    assert read_lines(bad, "replace")[2] == "bro\ufffdken"
+    code, _, err = _aiayn(["evaluate", "--hyp", str(bad), "--ref", str(bad)], capsys)
+    assert code == 2 and "bad.txt:3" in err
+    code, _, err = _aiayn(["evaluate", "--hyp", str(tmp_path / "missing"), "--ref", str(bad)], capsys)
+    assert code == 2 and "not found" in err
+
+
+def test_compound_splitting_like_tensor2tensor() -> None:
+    assert compound_split("Haus-Tür") == "Haus ##AT##-##AT## Tür"
+    # perl's s{(\S)-(\S)}{...}g does not overlap: a-b-c keeps its second hyphen.
+    assert compound_split("a-b-c") == "a ##AT##-##AT## b-c"
+    assert compound_split("3-4 x - y -z") == "3 ##AT##-##AT## 4 x - y -z"
+
+
+def test_tokenized_bleu_is_labelled_and_differs(files, capsys) -> None:
+    hyps, refs = read_lines(files["hyp"]), read_lines(files["ref"])
+    score, signature = tokenized_bleu(hyps, refs, "de")
+    assert "tok:intl+compound" in signature
+    assert tokenized_bleu(hyps, refs, "en")[1].count("tok:intl|") == 1
+    # By hand: intl-tokenize, compound-split, then plain BLEU on whitespace tokens.
+    from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
+
+    tok = TokenizerV14International()
+    expected = sacrebleu.corpus_bleu([compound_split(tok(h)) for h in hyps],
+                                     [[compound_split(tok(r)) for r in refs]], tokenize="none").score
+    assert score == pytest.approx(expected)
+    code, out, _ = _aiayn(["evaluate", "--hyp", str(files["hyp"]), "--ref", str(files["ref"]),
+                           "--tokenized-bleu", "--tgt", "de"], capsys)
+    assert code == 0
+    assert "NOT comparable to sacreBLEU" in out and "tokenized BLEU = " in out
+    code, out, _ = _aiayn(["evaluate", "--hyp", str(files["hyp"]), "--ref", str(files["ref"]),
+                           "--tokenized-bleu", "--tgt", "de", "--json"], capsys)
+    data = json.loads(out)
+    assert data["tokenized_bleu"] == pytest.approx(score, abs=0.05)
+    assert data["tokenized_bleu_note"] == TOKENIZED_BLEU_NOTE
+
+
+def test_argument_errors(files, capsys) -> None:
+    for argv in (["evaluate"], ["evaluate", "--hyp", str(files["hyp"])],
+                 ["evaluate", "--hyp", str(files["hyp"]), "--ref", str(files["ref"]), "--checkpoint", "x"],
+                 ["evaluate", "--checkpoint", "x"]):
+        code, _, err = _aiayn(argv, capsys)
+        assert code == 2 and "error" in err and "Traceback" not in err

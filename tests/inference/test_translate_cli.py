@@ -1,0 +1,152 @@
+"""`aiayn translate`: one output line per input line, whatever the input holds."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli.main import main
+
+TRICKY = (
+    b"a man is riding a bike\n"
+    b"\n"
+    + b" ".join([b"riding"] * 400) + b"\n"  # longer than the model's 64 positions
+    + b"a dog \xff\xfe on the street\n"  # invalid UTF-8
+    + b"windows line\r\n"
+    + b"   \n"
+    + "a cat\u2028with odd line breaks\x0c\x1c\x85 inside".encode() + b"\n"
+    + b"no final newline"
+)
+N_TRICKY = 8
+
+
+def run_cli(argv: list[str], capsysbinary, monkeypatch, stdin: bytes | None = None) -> tuple[int, bytes, str]:
+    if stdin is not None:
+        class FakeStdin:
+            buffer = io.BytesIO(stdin)
+
+            def isatty(self) -> bool:
+                return False
+
+        monkeypatch.setattr(sys, "stdin", FakeStdin())
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    out, err = capsysbinary.readouterr()
+    return code, out, err.decode("utf-8", "replace")
+
+
+def _lines(out: bytes) -> list[str]:
+    text = out.decode("utf-8")
+    assert text == "" or text.endswith("\n")
+    return text.split("\n")[:-1]
+
+
+@pytest.fixture
+def tricky_file(tmp_path: Path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_bytes(TRICKY)
+    return path
+
+
+def test_line_count_preserved_with_empty_long_and_invalid_lines(tiny_checkpoint, tricky_file, capsysbinary,
+                                                                monkeypatch) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
+                              "--on-invalid-utf8", "replace", "--max-len-b", "3"], capsysbinary, monkeypatch)
+    assert code == 0, err
+    lines = _lines(out)
+    assert len(lines) == N_TRICKY
+    assert lines[1] == "" and lines[5] == ""
+    assert all(line for i, line in enumerate(lines) if i not in (1, 5))
+    assert "translated 8 lines" in err
+
+
+def test_invalid_utf8_is_an_error_naming_the_line(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file)],
+                             capsysbinary, monkeypatch)
+    assert code == 2
+    assert f"{tricky_file}:4: invalid UTF-8" in err
+    assert out == b""  # a file is checked whole before anything is translated
+    assert "Traceback" not in err
+
+
+def test_stdin_streaming_equals_file(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+    args = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--max-len-b", "3",
+            "--quiet"]
+    _, from_file, _ = run_cli(args + ["--input", str(tricky_file)], capsysbinary, monkeypatch)
+    for size in ("1", "3", "100"):
+        code, from_stdin, err = run_cli(args + ["--buffer-size", size], capsysbinary, monkeypatch, stdin=TRICKY)
+        assert code == 0, err
+        assert from_stdin == from_file
+
+
+def test_stdin_invalid_utf8_delivers_earlier_lines_then_fails(tiny_checkpoint, capsysbinary, monkeypatch) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--buffer-size", "10",
+                              "--max-len-b", "2"], capsysbinary, monkeypatch, stdin=TRICKY)
+    assert code == 2
+    assert "<stdin>:4: invalid UTF-8" in err
+    assert len(_lines(out)) == 3
+
+
+def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, tmp_path: Path) -> None:
+    base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file), "--quiet",
+            "--on-invalid-utf8", "replace", "--max-len-b", "3", "--nbest", "3"]
+    code, out, err = run_cli(base + ["--scores"], capsysbinary, monkeypatch)
+    assert code == 0, err
+    lines = _lines(out)
+    assert len(lines) == N_TRICKY
+    for i, line in enumerate(lines):
+        fields = line.split("\t")
+        assert len(fields) == 6
+        scores = [float(s) for s in fields[1::2] if s]
+        assert scores == sorted(scores, reverse=True)
+        if i in (1, 5):
+            assert fields[0] == ""
+    out_file = tmp_path / "out.jsonl"
+    code, out, err = run_cli(base + ["--format", "jsonl", "--output", str(out_file)], capsysbinary, monkeypatch)
+    assert code == 0 and out == b""
+    records = [json.loads(line) for line in out_file.read_text(encoding="utf-8").splitlines()]
+    assert [r["line"] for r in records] == list(range(1, N_TRICKY + 1))
+    assert all(1 <= len(r["hypotheses"]) <= 3 for r in records)
+    assert [h["text"] for h in records[0]["hypotheses"]] == lines[0].split("\t")[0::2][:len(records[0]["hypotheses"])]
+
+
+def test_bad_options_fail_before_output(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
+                              "--on-invalid-utf8", "replace", "--nbest", "5"], capsysbinary, monkeypatch)
+    assert code == 2 and out == b"" and "nbest" in err
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", "/nonexistent"],
+                             capsysbinary, monkeypatch)
+    assert code == 2 and "/nonexistent" in err
+    code, out, err = run_cli(["translate", "--checkpoint", "/nonexistent/ckpt", "--input", str(tricky_file)],
+                             capsysbinary, monkeypatch)
+    assert code == 2 and "Traceback" not in err
+
+
+def test_empty_input(tiny_checkpoint, tmp_path: Path, capsysbinary, monkeypatch) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    code, out, _ = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(empty)],
+                           capsysbinary, monkeypatch)
+    assert code == 0 and out == b""
+    code, out, _ = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--quiet"], capsysbinary,
+                           monkeypatch, stdin=b"\n\n")
+    assert code == 0 and out == b"\n\n"
+
+
+def test_real_process_streams_stdin(tiny_checkpoint) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(tiny_checkpoint), "--max-len-b", "2",
+         "--buffer-size", "2", "--on-invalid-utf8", "replace"],
+        input=TRICKY, capture_output=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert len(_lines(proc.stdout)) == N_TRICKY
