@@ -221,3 +221,22 @@ def test_eos_and_pad_ids_of_imported_tokenizer(tmp_path: Path, helpers) -> None:
     ids = tok.encode_src(src[0])
     assert ids[-1] == EOS_ID and PAD_ID not in ids and BOS_ID not in ids
     assert tok.decode_tgt(tok.encode_tgt(tgt[0])) == tgt[0]
+
+
+def test_imported_checkpoint_translates_with_the_aiayn_translator(tmp_path: Path, helpers) -> None:
+    """What `aiayn translate` and `aiayn serve` run: the same tokens as HF's greedy search."""
+    translator = pytest.importorskip("aiayn.inference.translator")
+    src, tgt = helpers.toy_pairs(300, seed=16)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)
+    ckpt = import_hf(hf_dir, tmp_path / "ckpt")
+    tr = translator.Translator.from_checkpoint(ckpt)
+    texts = src[:10]
+    results = tr.translate_detailed(texts, beam=1, max_len_a=0.0, max_len_b=20)
+    rows = _rows(tr.tokenizer, hf_dir, "tgt")
+    hf_model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).eval()
+    hf_tok = transformers.MarianTokenizer.from_pretrained(str(hf_dir))
+    with torch.no_grad():
+        seq = hf_model.generate(**hf_tok(texts, return_tensors="pt", padding=True), num_beams=1,
+                                do_sample=False, max_length=22)
+    assert [[rows[i] for i in r.best.tokens] for r in results] == helpers.hf_generated(seq, 0)
+    assert [r.best.text for r in results] == [tr.tokenizer.decode_tgt(r.best.tokens) for r in results]

@@ -31,7 +31,15 @@ from typing import Any
 
 import torch
 
-from aiayn.interop.hf_marian import BOS, InteropError, load_for_export, output_dir, require, save_hf_dir
+from aiayn.interop.hf_marian import (
+    BOS,
+    InteropError,
+    load_for_export,
+    output_dir,
+    quiet_marian_tokenizer,
+    require,
+    save_hf_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,8 @@ def _converter(hf_dir: Path) -> Any:
         def _load(self) -> Any:
             with torch.no_grad():
                 model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()
-                tokenizer = transformers.MarianTokenizer.from_pretrained(str(hf_dir))
+                with quiet_marian_tokenizer():
+                    tokenizer = transformers.MarianTokenizer.from_pretrained(str(hf_dir))
                 spec = loader(model, tokenizer)
             for name in ("source.spm", "target.spm"):
                 spec.register_file(str(hf_dir / name))

@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,6 +85,15 @@ def require(module: str) -> Any:
         return __import__(module)
     except ImportError:
         raise InteropError(f"this needs the '{module}' package: pip install 'aiayn[interop]'") from None
+
+
+@contextmanager
+def quiet_marian_tokenizer() -> Iterator[None]:
+    """MarianTokenizer recommends sacremoses on every construction; it only uses it in an
+    optional ``normalize`` method that nothing here calls."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
+        yield
 
 
 # ============================================================== output directories
@@ -266,8 +276,10 @@ def generation_kwargs(cfg: Config) -> dict[str, Any]:
     """
     d = cfg.decode
     if d.lenpen_style != "fairseq" and d.beam > 1 and d.lenpen != 0:
-        log.warning("decode.lenpen_style=%s: HF uses |Y|^alpha (fairseq style); length_penalty=%g "
-                    "is written as is, so beam results may differ from aiayn's", d.lenpen_style, d.lenpen)
+        log.warning("generation_config.json: transformers divides by |Y|^alpha (aiayn's lenpen_style "
+                    "fairseq), this model's decode section uses %s; length_penalty=%g is written as is, "
+                    "so HF beam search can pick other hypotheses than `aiayn translate` (which matches it "
+                    "with --lenpen-style fairseq)", d.lenpen_style, d.lenpen)
     max_length = min(cfg.model.max_positions, int(d.max_len_a * cfg.data.max_len + d.max_len_b) + 2)
     gen: dict[str, Any] = dict(
         num_beams=d.beam,
@@ -309,10 +321,11 @@ def write_tokenizer_files(tokenizer: Tokenizer, out: Path, cfg: Config) -> None:
             (t / "target_vocab.json").write_text(json.dumps(tgt_vocab, ensure_ascii=False, indent=1),
                                                  encoding="utf-8")
             extra = dict(target_vocab_file=str(t / "target_vocab.json"), separate_vocabs=True)
-        hf_tok = transformers.MarianTokenizer(
-            source_spm=str(t / "source.spm"), target_spm=str(t / "target.spm"), vocab=str(t / "vocab.json"),
-            source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang, unk_token=UNK, eos_token=EOS,
-            pad_token=PAD, bos_token=BOS, model_max_length=cfg.model.max_positions, **extra)
+        with quiet_marian_tokenizer():
+            hf_tok = transformers.MarianTokenizer(
+                source_spm=str(t / "source.spm"), target_spm=str(t / "target.spm"), vocab=str(t / "vocab.json"),
+                source_lang=cfg.data.src_lang, target_lang=cfg.data.tgt_lang, unk_token=UNK, eos_token=EOS,
+                pad_token=PAD, bos_token=BOS, model_max_length=cfg.model.max_positions, **extra)
         hf_tok.save_pretrained(str(out))
 
 
