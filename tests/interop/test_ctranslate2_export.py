@@ -37,7 +37,7 @@ def test_files(ct2_dir: Path) -> None:
 def test_greedy_equal_to_aiayn_float32(ct2_dir: Path, trained, helpers) -> None:
     texts = trained.test_src
     ours = helpers.aiayn_search(trained.model, trained.tokenizer, texts, DecodeConfig(beam=1))
-    theirs = _translate(ct2_dir, texts, beam_size=1, max_decoding_length=64)
+    theirs = _translate(ct2_dir, texts, beam_size=1, min_decoding_length=0, max_decoding_length=64)
     assert theirs == [trained.tokenizer.tgt_pieces(t) for t in ours]
     # Detokenized with the exported target model: the same text as aiayn's.
     sp = spm.SentencePieceProcessor(model_file=str(ct2_dir / "target.spm"))
