@@ -537,7 +537,7 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
 
     transformers = require("transformers")
     hf_dir = Path(hf_dir)
-    check_marian_dir(hf_dir)
+    raw_config = check_marian_dir(hf_dir)
     try:
         hf_model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()
     except (OSError, ValueError, RuntimeError) as exc:
@@ -619,12 +619,18 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
         tokenizer = Tokenizer(processor(src_proto), processor(tgt_proto), src_proto=src_proto,
                               tgt_proto=tgt_proto)
 
+    # Decoding settings: generation_config.json, else (older exports) config.json, else HF's defaults.
     gen = _read_json(hf_dir / "generation_config.json") if (hf_dir / "generation_config.json").is_file() else {}
+
+    def setting(name: str, default: Any) -> Any:
+        value = gen.get(name, raw_config.get(name))
+        return default if value is None else value
+
     decode = DecodeConfig(
-        beam=int(gen.get("num_beams") or getattr(c, "num_beams", None) or 1),
-        lenpen=float(gen.get("length_penalty", 1.0)),
+        beam=int(setting("num_beams", 1)),
+        lenpen=float(setting("length_penalty", 1.0)),
         lenpen_style="fairseq",
-        no_repeat_ngram_size=int(gen.get("no_repeat_ngram_size") or 0),
+        no_repeat_ngram_size=int(setting("no_repeat_ngram_size", 0)),
     )
     data = DataConfig(src_lang=tok_cfg.get("source_lang") or "src", tgt_lang=tok_cfg.get("target_lang") or "tgt",
                       vocab_size=len(src_map), joint_vocab=tokenizer.joint, tgt_vocab_size=len(tgt_map))
