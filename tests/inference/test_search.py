@@ -63,9 +63,12 @@ class ScriptedModel:
                 attn[r, 0, 0, 0] = len(state.prefixes[r])
         return out, attn
 
-    def reorder(self, state: _State, index: torch.Tensor) -> _State:
+    def reorder(self, state: _State, index: torch.Tensor, same_sources: bool = False) -> _State:
         idx = index.tolist()
-        return _State([state.sents[i] for i in idx], [state.prefixes[i] for i in idx])
+        sents = [state.sents[i] for i in idx]
+        if same_sources:  # the hint must be true whenever the search gives it
+            assert sents == state.sents
+        return _State(sents, [state.prefixes[i] for i in idx])
 
 
 def _src(*sent_ids: int, length: int = 5) -> torch.Tensor:

@@ -51,8 +51,18 @@ class IncrementalDecoder:
         with self._precision(tokens.device):
             return self.model.decode_step(tokens, state, need_attn)  # (R, V), (R, L, H, S)
 
-    def reorder(self, state: KVCache, index: Tensor) -> KVCache:
-        state.reorder(index)
+    def reorder(self, state: KVCache, index: Tensor, same_sources: bool = False) -> KVCache:
+        if not same_sources:
+            state.reorder(index)
+            return state
+        # Beams moved within their sentence: a sentence's rows share the same encoder
+        # output, so the cross-attention keys/values and the source mask already are what
+        # the index would give; only the self-attention prefix follows the parents. (This
+        # copy was about a sixth of beam-4 decoding time for the base model on a CPU.)
+        n = state.length
+        for c in state.layers:
+            c.self_k[:, :, :n] = c.self_k[:, :, :n].index_select(0, index)
+            c.self_v[:, :, :n] = c.self_v[:, :, :n].index_select(0, index)
         return state
 
 
@@ -81,6 +91,6 @@ class RecomputingDecoder:
         # logits (R, T, V); attn (R, L, H, T, S): keep the last position.
         return logits[:, -1], (attn[:, :, :, -1] if attn is not None else None)
 
-    def reorder(self, state: _FullState, index: Tensor) -> _FullState:
+    def reorder(self, state: _FullState, index: Tensor, same_sources: bool = False) -> _FullState:
         return _FullState(state.memory.index_select(0, index), state.src_mask.index_select(0, index),
                           state.tokens.index_select(0, index))

@@ -67,8 +67,13 @@ class DecoderModel(Protocol):
         long as the first dimension is R and the last is S)."""
         ...
 
-    def reorder(self, state: Any, index: Tensor) -> Any:
-        """Keep rows ``index`` (R',) of the state in that order; R' may differ from R."""
+    def reorder(self, state: Any, index: Tensor, same_sources: bool = False) -> Any:
+        """Keep rows ``index`` (R',) of the state in that order; R' may differ from R.
+
+        ``same_sources`` is a hint: every row keeps the sentence it had (beams reshuffled
+        within their sentence, none dropped), so per-sentence state -- the encoder output,
+        cross-attention keys/values -- need not move. Ignoring it is always correct.
+        """
         ...
 
 
@@ -322,6 +327,7 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
         done |= (count >= cfg.nbest) & (fin.nbest_score[sent] >= bound)
         if bool(done.all()):
             break
+        keep = None
         if bool(done.any()):
             keep = (~done).nonzero(as_tuple=True)[0]
             keep_dev = keep.to(device)
@@ -330,8 +336,10 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
             parent = (keep_dev[:, None] * k + new_beam).view(-1)
         else:
             parent = (torch.arange(n, device=device)[:, None] * k + new_beam).view(-1)
+        # Rows stay with their sentence unless sentences left or the beams were just created.
+        same_sources = keep is None and k == new_scores.size(1)
         k = new_scores.size(1)
-        state = model.reorder(state, parent)
+        state = model.reorder(state, parent, same_sources=same_sources)
         scores = new_scores
         prev = new_tok.view(-1)
         hist = torch.cat([hist.index_select(0, parent), prev[:, None]], dim=1)
