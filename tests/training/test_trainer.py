@@ -128,3 +128,72 @@ def test_in_process_resume_is_exact(make_cfg, make_task, tmp_path):
     assert [r["step"] for r in lines if r["split"] == "train"] == [2, 4, 6, 8]
     assert set(lines[0]) >= {"step", "epoch", "loss", "nll", "ppl", "lr", "grad_norm",
                              "tokens_per_s", "elapsed"}
+
+
+def test_stops_after_max_epochs(make_cfg, make_task, tmp_path):
+    cfg = make_cfg(max_epochs=2, max_steps=0)
+    task = make_task(n=40)
+    tr = _trainer(cfg, tmp_path, task)
+    summary = tr.train()
+    assert summary["stop_reason"] == "max_epochs"
+    assert tr.step == 2 * len(tr.train_batches) and tr.train_batches.epoch == 3
+    assert ck.resolve_checkpoint(tmp_path).name == f"step_{tr.step:06d}"
+
+
+def test_stops_at_wall_time(make_cfg, make_task, tmp_path):
+    tr = _trainer(make_cfg(max_time_minutes=1e-6, max_steps=100), tmp_path, make_task(n=40))
+    summary = tr.train()
+    assert summary["stop_reason"] == "max_time" and tr.step == 1
+    assert ck.resolve_checkpoint(tmp_path).name == "step_000001"
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
+    import os
+    import signal
+
+    tr = _trainer(make_cfg(max_steps=100), tmp_path, make_task(n=40))
+    real = tr.forward_model
+    calls = {"n": 0}
+
+    def forward(src, tgt_in):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a cluster scheduler does
+        return real(src, tgt_in)
+
+    tr.forward_model = forward
+    summary = tr.train()
+    assert summary["stop_reason"] == "signal" and tr.step == 3
+    assert ck.resolve_checkpoint(tmp_path).name == "step_000003"
+    assert signal.getsignal(signal.SIGTERM) is not tr._on_signal  # handler restored
+
+
+def test_optimizer_options(make_cfg):
+    from aiayn.training.optim import build_optimizer
+
+    cfg = make_cfg()
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg.train)
+    assert type(opt) is torch.optim.Adam
+    group = opt.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9 and group["weight_decay"] == 0
+    # The tied embedding/projection matrix is one parameter, updated once.
+    assert sum(p is model.src_embed.weight for p in group["params"]) == 1
+    cfg2 = make_cfg(optimizer="adamw", weight_decay=0.01, optimizer_impl="fused")
+    opt2 = build_optimizer(model, cfg2.train)
+    assert type(opt2) is torch.optim.AdamW and opt2.param_groups[0]["weight_decay"] == 0.01
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_and_saves_plain_names(make_cfg, make_task, tmp_path):
+    from safetensors import safe_open
+
+    cfg = make_cfg(compile=True)
+    task = make_task(n=8)
+    tr = _trainer(cfg)
+    batch = _batch(task, range(8))
+    losses = [tr.train_step([batch]).loss_sum for _ in range(3)]
+    assert losses[-1] < losses[0]
+    ck.save_checkpoint(tmp_path / "c", tr.forward_model, cfg)
+    with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
+        assert not [k for k in f.keys() if "_orig_mod" in k]
