@@ -136,7 +136,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
         raise InteropError(f"quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
     model, cfg, tokenizer = load_for_export(checkpoint)
     with tempfile.TemporaryDirectory(prefix="aiayn-hf-") as tmp:
-        save_hf_dir(model, cfg, tokenizer, Path(tmp))
+        save_hf_dir(model, cfg, tokenizer, Path(tmp), warn_generation=False)
         convert_hf_dir(tmp, out_dir, quantization, force)
     log.info("exported %s to CTranslate2 model %s (%s)", checkpoint, out_dir, quantization or "float32")
     return Path(out_dir)

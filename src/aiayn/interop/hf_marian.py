@@ -264,7 +264,7 @@ def marian_config_kwargs(cfg: Config) -> dict[str, Any]:
     )
 
 
-def generation_kwargs(cfg: Config) -> dict[str, Any]:
+def generation_kwargs(cfg: Config, warn: bool = True) -> dict[str, Any]:
     """``generation_config.json``: aiayn's decoding settings in HF terms.
 
     HF divides a hypothesis' log-probability by |Y|^length_penalty (|Y| counting EOS, not the
@@ -275,7 +275,7 @@ def generation_kwargs(cfg: Config) -> dict[str, Any]:
     source (``data.max_len``) and capped by the model's positions.
     """
     d = cfg.decode
-    if d.lenpen_style != "fairseq" and d.beam > 1 and d.lenpen != 0:
+    if warn and d.lenpen_style != "fairseq" and d.beam > 1 and d.lenpen != 0:
         log.warning("generation_config.json: transformers divides by |Y|^alpha (aiayn's lenpen_style "
                     "fairseq), this model's decode section uses %s; length_penalty=%g is written as is, "
                     "so HF beam search can pick other hypotheses than `aiayn translate` (which matches it "
@@ -329,8 +329,13 @@ def write_tokenizer_files(tokenizer: Tokenizer, out: Path, cfg: Config) -> None:
         hf_tok.save_pretrained(str(out))
 
 
-def save_hf_dir(model: Transformer, cfg: Config, tokenizer: Tokenizer, out: Path) -> None:
-    """Write a MarianMTModel + MarianTokenizer directory for ``model`` into ``out``."""
+def save_hf_dir(model: Transformer, cfg: Config, tokenizer: Tokenizer, out: Path,
+                warn_generation: bool = True) -> None:
+    """Write a MarianMTModel + MarianTokenizer directory for ``model`` into ``out``.
+
+    ``warn_generation``: warn where generation_config.json cannot say what aiayn does (off
+    for the CTranslate2 export, which does not read it).
+    """
     transformers = require("transformers")
     check_exportable(cfg.model)
     for side, n_tok, n_model in (("source", tokenizer.src_vocab_size, cfg.model.src_vocab_size),
@@ -351,7 +356,7 @@ def save_hf_dir(model: Transformer, cfg: Config, tokenizer: Tokenizer, out: Path
             if name in weights:
                 t.copy_(weights[name].view_as(t))
     _check_positions(hf_model, cfg.model)
-    hf_model.generation_config = transformers.GenerationConfig(**generation_kwargs(cfg))
+    hf_model.generation_config = transformers.GenerationConfig(**generation_kwargs(cfg, warn_generation))
     hf_model.save_pretrained(str(out))
     write_tokenizer_files(tokenizer, out, cfg)
 
