@@ -177,6 +177,9 @@ class DataConfig:
     # parsing: BPE over words on the source, whole-token ("word") on the tree side.
     tgt_vocab_size: int | None = None
     tgt_spm_model_type: str | None = None
+    # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training
+    # one: needed to fine-tune a checkpoint (train.init_from) on new data.
+    tokenizer_dir: str | None = None
     # Training-data filters (validation and test are never filtered).
     max_len: int = 256
     max_len_ratio: float = 9.0

@@ -328,3 +328,22 @@ def test_archive_dataset_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert split_text(tmp_path / "out", "test") == (["the red house", "a small dog runs"],
                                                     ["das rote haus", "ein kleiner hund rennt"])
     assert ensure_prepared(cfg, tmp_path / "out") == tmp_path / "out"
+
+
+def test_given_tokenizer_is_used_as_is(tmp_path: Path) -> None:
+    """data.tokenizer_dir: fine-tuning data is encoded with an existing (checkpoint's) tokenizer."""
+    base = DataConfig(train_src=write(tmp_path / "t.en", SRC), train_tgt=write(tmp_path / "t.de", TGT),
+                      vocab_size=100)
+    prepare_data(base, tmp_path / "first", progress=False)
+    first = load_tokenizer(tmp_path / "first")
+    other = DataConfig(train_src=write(tmp_path / "u.en", SRC[:2] * 20),
+                       train_tgt=write(tmp_path / "u.de", TGT[:2] * 20), vocab_size=60,
+                       tokenizer_dir=str(tmp_path / "first"))
+    summary = prepare_data(other, tmp_path / "second", progress=False)
+    again = load_tokenizer(tmp_path / "second")
+    assert again.model_bytes() == first.model_bytes()
+    assert summary["vocab_size"] == first.src_vocab_size and summary["reused"]["tokenizer"] is True
+    assert ensure_prepared(other, tmp_path / "second") == tmp_path / "second"
+    with pytest.raises(DataError, match="data.tokenizer_dir"):
+        prepare_data(DataConfig(train_src=base.train_src, train_tgt=base.train_tgt,
+                                tokenizer_dir=str(tmp_path / "missing")), tmp_path / "third", progress=False)

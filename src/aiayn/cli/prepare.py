@@ -58,6 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tok.add_argument("--spm-input-sentence-size", type=int,
                      help="sentences sampled for SentencePiece training (0 = all)")
     tok.add_argument("--seed", type=int)
+    tok.add_argument("--tokenizer-dir", help="use this tokenizer (e.g. a checkpoint directory's spm*.model) "
+                                             "instead of training one: for fine-tuning with train.init_from")
     flt = p.add_argument_group("filters (training data only)")
     flt.add_argument("--max-len", type=int, help="drop training pairs with a side over this many pieces")
     flt.add_argument("--max-len-ratio", type=float, help="drop training pairs whose length ratio exceeds this")
@@ -73,7 +75,7 @@ _FIELDS = ("dataset", "src_lang", "tgt_lang", "data_dir", "download_dir", "valid
            "test_src", "test_tgt", "test_tsv", "synthetic", "synthetic_train_size",
            "synthetic_valid_size", "vocab_size", "tgt_vocab_size", "spm_model_type",
            "tgt_spm_model_type", "character_coverage", "spm_input_sentence_size", "seed",
-           "max_len", "max_len_ratio", "on_invalid_utf8")
+           "tokenizer_dir", "max_len", "max_len_ratio", "on_invalid_utf8")
 
 
 def config_from_args(args: argparse.Namespace) -> DataConfig:

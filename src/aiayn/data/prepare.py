@@ -203,7 +203,19 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _tokenizer_key(cfg: DataConfig, train: Source) -> str:
+def _given_tokenizer(cfg: DataConfig) -> Tokenizer | None:
+    """``data.tokenizer_dir``: an existing tokenizer (e.g. a checkpoint's, for fine-tuning
+    with ``train.init_from``) used as is instead of training a new one."""
+    if cfg.tokenizer_dir is None:
+        return None
+    if not Path(cfg.tokenizer_dir).is_dir():
+        raise DataError(f"data.tokenizer_dir: {cfg.tokenizer_dir} is not a directory")
+    return Tokenizer.load(cfg.tokenizer_dir)
+
+
+def _tokenizer_key(cfg: DataConfig, train: Source, given: Tokenizer | None = None) -> str:
+    if given is not None:  # keyed by the model files' contents, not by where they lie
+        return _digest("tokenizer", PREPARE_VERSION, [hashlib.sha256(b).hexdigest() for b in given.model_bytes()])
     return _digest("tokenizer", PREPARE_VERSION, train.tag, cfg.on_invalid_utf8, _spm_settings(cfg))
 
 
@@ -211,7 +223,8 @@ def input_key(cfg: DataConfig, sources: dict[str, Source]) -> str:
     """Everything the prepared directory depends on (contents, not paths)."""
     return _digest("prepared", PREPARE_VERSION, FORMAT_VERSION, {r: s.tag for r, s in sources.items()},
                    _spm_settings(cfg), dataclasses.asdict(_filters(cfg)), cfg.on_invalid_utf8,
-                   cfg.src_lang, cfg.tgt_lang)
+                   cfg.src_lang, cfg.tgt_lang,
+                   _tokenizer_key(cfg, sources["train"], _given_tokenizer(cfg)) if cfg.tokenizer_dir else None)
 
 
 # ------------------------------------------------------------------------ prepare
@@ -260,9 +273,14 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     try:
         # 1. Tokenizer: reuse the previous one if trained on the same text with the same settings.
         t = time.perf_counter()
-        tok_key = _tokenizer_key(cfg, sources["train"])
+        given = _given_tokenizer(cfg)
+        tok_key = _tokenizer_key(cfg, sources["train"], given)
         tokenizer = None
-        if old.get("tokenizer_key") == tok_key:
+        if given is not None:
+            tokenizer = given
+            tokenizer.save(tmp)
+            reused["tokenizer"] = True
+        elif old.get("tokenizer_key") == tok_key:
             try:
                 tokenizer = Tokenizer.load(out)
                 tokenizer.save(tmp)
