@@ -1,0 +1,137 @@
+"""The CPU benchmark workloads of the CPU-performance issue, defined once.
+
+- Model: Transformer base (d_model 512, 6+6 layers, 8 heads, d_ff 2048), shared vocabulary
+  32,000, post-norm, sinusoidal positions, random weights from a fixed seed, 2 threads.
+- Training step: 128 sentence pairs x 32 tokens per side (4,096 target tokens), forward +
+  backward + Adam update; figure = target tokens/s.
+- Decoding: 64 source sentences of 24 tokens (23 random ids + EOS), beam 4, exactly 40
+  generated tokens per sentence (EOS suppressed until then by min/max length), all 64 in one
+  call; figure = 64 x 40 / seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+VOCAB = 32000
+D_MODEL, D_FF, HEADS, LAYERS = 512, 2048, 8, 6
+TRAIN_PAIRS, TRAIN_LEN = 128, 32
+DECODE_SENTS, DECODE_SRC_LEN, DECODE_NEW, BEAM = 64, 24, 40, 4
+PAD, BOS, EOS = 0, 2, 3
+SEED = 1234
+THREADS = 2
+
+
+def setup_threads() -> None:
+    torch.set_num_threads(THREADS)
+
+
+def train_batch(seed: int = SEED) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """src (128, 32), tgt_in (128, 32) = BOS + y, tgt_out (128, 32) = y + EOS; no padding."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (TRAIN_PAIRS, TRAIN_LEN), generator=g)
+    src[:, -1] = EOS
+    y = torch.randint(4, VOCAB, (TRAIN_PAIRS, TRAIN_LEN - 1), generator=g)
+    tgt_in = torch.cat([torch.full((TRAIN_PAIRS, 1), BOS), y], dim=1)
+    tgt_out = torch.cat([y, torch.full((TRAIN_PAIRS, 1), EOS)], dim=1)
+    return src, tgt_in, tgt_out
+
+
+def decode_sources(seed: int = SEED) -> torch.Tensor:
+    """(64, 24): 23 random ids + EOS."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, VOCAB, (DECODE_SENTS, DECODE_SRC_LEN), generator=g)
+    src[:, -1] = EOS
+    return src
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads, torch {torch.__version__}"
+
+
+@dataclass
+class Timing:
+    system: str
+    dtype: str
+    tokens: int
+    seconds: list[float] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+    skipped: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / statistics.median(self.seconds) if self.seconds else 0.0
+
+    @property
+    def best_tokens_per_s(self) -> float:
+        return self.tokens / min(self.seconds) if self.seconds else 0.0
+
+
+def time_runs(fn: Callable[[], None], runs: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    """Measured matmul throughput: the physical ceiling the figures are compared with."""
+    a = torch.randn(n, n).to(dtype)
+    b = torch.randn(n, n).to(dtype)
+    torch.matmul(a, b)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        torch.matmul(a, b)
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
+
+
+def run_isolated(script: str, args: list[str]) -> dict:
+    """Run one system in a fresh process (so peak RSS is its own) and read its JSON row."""
+    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"skipped": (out.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_table(title: str, rows: list[dict], reference: dict[str, float]) -> None:
+    print(f"\n{title}")
+    head = f"{'system':<16}{'dtype':<10}{'median tok/s':>14}{'best tok/s':>12}{'peak RSS MB':>13}"
+    names = list(reference)
+    print(head + "".join(f"{'x ' + n:>18}" for n in names))
+    for r in rows:
+        if r.get("skipped"):
+            print(f"{r['system']:<16}{r['dtype']:<10}  skipped: {r['skipped']}")
+            continue
+        line = (f"{r['system']:<16}{r['dtype']:<10}{r['tokens_per_s']:>14.1f}{r['best_tokens_per_s']:>12.1f}"
+                f"{r['peak_rss_mb']:>13.0f}")
+        for n in names:
+            line += f"{r['tokens_per_s'] / reference[n]:>18.2f}" if reference[n] else f"{'-':>18}"
+        print(line)
