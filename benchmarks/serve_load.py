@@ -5,7 +5,7 @@ sends the same request stream to each, and reports throughput and p50/p90/p99 la
 plus the mean batch size the server reports in ``/metrics``.
 
     python benchmarks/serve_load.py                          # a tiny random model built here
-    python benchmarks/serve_load.py --checkpoint runs/demo   # a real checkpoint
+    python benchmarks/serve_load.py --checkpoint runs/demo --synthetic reverse   # the demo's model
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --requests 200   # a running server
 
 The helpers (``make_tiny_checkpoint``, ``start_server``, ``run_load``) are also used by
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", help="checkpoint to serve (default: a tiny random model built in a temp dir)")
     p.add_argument("--url", help="load an already running server instead (one run, no comparison)")
     p.add_argument("--inputs", help="source sentences, one per line (default: from the checkpoint's builder)")
+    p.add_argument("--synthetic", choices=("copy", "reverse", "sort", "toy"),
+                   help="inputs: 500 sources of this built-in task (e.g. reverse for the demo's checkpoint)")
     p.add_argument("--requests", type=int, default=1000)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--texts-per-request", type=int, default=1)
@@ -257,9 +259,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.url is None and checkpoint is None:
             checkpoint = make_tiny_checkpoint(tmp)
             inputs = inputs or Path(tmp) / "sentences.txt"
-        if inputs is None:
-            raise SystemExit("--inputs FILE is needed with --checkpoint or --url")
-        sentences = [s for s in inputs.read_text(encoding="utf-8").splitlines() if s.strip()]
+        if args.synthetic:
+            from aiayn.data.synthetic import generate
+
+            sentences = [src for src, _ in generate(args.synthetic, 500, seed=12345)]
+        elif inputs is None:
+            raise SystemExit("--inputs FILE or --synthetic TASK is needed with --checkpoint or --url")
+        else:
+            sentences = [s for s in inputs.read_text(encoding="utf-8").splitlines() if s.strip()]
         results = []
         if args.url:
             results.append(run_load(args.url, sentences, requests=args.requests, clients=args.clients,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from aiayn.errors import DataError
 
@@ -125,6 +126,12 @@ def plot_curves(runs: str | Path | Sequence[str | Path], path: str | Path,
         ax.set_ylabel(ylabel)
         if log_scale:
             ax.set_yscale("log")
+            # Plain numbers (2, 5, 10) rather than 2x10^0; minor ticks get labels only
+            # when the data spans less than a decade (else they would crowd the axis).
+            plain = FuncFormatter(lambda v, _: f"{v:g}")
+            ax.yaxis.set_major_formatter(plain)
+            low, high = ax.get_ylim()
+            ax.yaxis.set_minor_formatter(plain if high / max(low, 1e-12) < 10 else NullFormatter())
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     for j in range(n, rows * cols):
