@@ -10,7 +10,10 @@ Exact resume: the data order is a function of (seed, epoch); a checkpoint stores
 iterator position, optimizer, grad scaler, step (the learning rate is a pure function of
 it) and the Python/NumPy/torch RNG states (per process under torchrun), and validation
 runs under a forked RNG. A CPU fp32 run stopped at step N and resumed therefore ends at
-step 2N with the same weights, bit for bit, as a run that never stopped.
+step 2N with the same weights, bit for bit, as a run that never stopped, provided the
+same torch build, thread count (``AIAYN_NUM_THREADS`` / ``OMP_NUM_THREADS``) and data and
+batching settings (``max_tokens``, ``update_freq``, ``seed``, number of processes) are used.
+Changing those on resume is allowed; training then continues, just not bit-identically.
 """
 
 from __future__ import annotations
@@ -348,7 +351,14 @@ class Trainer:
         if state.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(state["scaler"])
         if self.train_batches is not None and state.get("data") is not None:
-            self.train_batches.load_state_dict(state["data"])
+            data = dict(state["data"])
+            saved_world = int(state.get("world_size") or 1)
+            if saved_world != self.dist.world_size:
+                # The offset counts this shard's batches: keep the number of batches of the
+                # epoch already seen (approximately: shards differ), not the offset itself.
+                seen = int(data["offset"]) * saved_world
+                data["offset"] = min(seen // self.dist.world_size, len(self.train_batches))
+            self.train_batches.load_state_dict(data)
         self._epoch_iter = None
         self.step = int(state["step"])
         nf = state.get("nonfinite") or {}
