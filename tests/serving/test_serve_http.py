@@ -276,11 +276,15 @@ def test_graceful_shutdown_finishes_in_flight_requests(one_slot_server, sentence
     srv = one_slot_server
     result: dict[str, httpx.Response] = {}
     texts = sentences[:8]
-    client = threading.Thread(target=lambda: result.update(r=post(srv, {"texts": texts, **SLOW})))
+    # Slower still: up to the model's 256 positions with a beam of 16, so that the request
+    # is surely running when the signal arrives, even on a fast machine.
+    slower = {"beam": 16, "max_len_a": 4.0, "max_len_b": 200}
+    client = threading.Thread(target=lambda: result.update(r=post(srv, {"texts": texts, **slower})))
     client.start()
     deadline = time.monotonic() + 30
     # In flight = this scrape + the slow request.
     while metric(scrape(srv), "aiayn_http_requests_in_flight") < 2:
+        assert client.is_alive(), "the request finished before the test could interrupt it"
         assert time.monotonic() < deadline, "the slow request never arrived"
         time.sleep(0.005)
     srv.proc.send_signal(15)  # SIGTERM, as a process manager would
