@@ -51,7 +51,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-repeat-ngram-size", type=int, default=None, help="forbid repeating n-grams of this size")
     g.add_argument("--batch-tokens", type=int, default=None, help="padded source tokens per batch")
     g.add_argument("--sampling", action="store_true", default=None,
-                   help="sample instead of searching (--nbest independent samples)")
+                   help="sample instead of searching: --beam K independent samples, the --nbest best returned")
     g.add_argument("--temperature", type=float, default=None, help="sampling temperature")
     g.add_argument("--top-k", type=int, default=None, help="sample among the k most probable tokens (0 = all)")
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (1 = off)")

@@ -380,7 +380,8 @@ def greedy_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
 def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
            prefix: list[list[int]] | None = None, need_attn: bool = False,
            pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
-    """``cfg.nbest`` independent samples per sentence, best score first.
+    """``cfg.beam`` independent samples per sentence; the ``cfg.nbest`` best-scored are
+    returned, best first (fairseq's ``--sampling --beam K``; beam 1 = plain sampling).
 
     Each token is drawn from softmax(logits / temperature), restricted to the ``top_k``
     most probable tokens and to the smallest set whose probability reaches ``top_p``
@@ -413,12 +414,12 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
                       pad: int, bos: int, eos: int) -> list[list[SearchHypothesis]]:
     device = src.device
     n_sent = src.size(0)
-    copies = 1 if greedy else cfg.nbest
+    copies = 1 if greedy else cfg.beam
     cons = _constraints(cfg, pad, bos, eos)
     src_len_all = source_lengths(src, pad).cpu()
     prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
     max_len_all = max_output_lengths(src_len_all, cfg, model.max_steps, prefix_len)
-    fin = _Finished(n_sent, copies)
+    fin = _Finished(n_sent, 1 if greedy else cfg.nbest)
     if n_sent == 0:
         return []
     total_steps = int(max_len_all.max()) + 1
