@@ -145,20 +145,24 @@ class _Constraints:
     eos: int
 
     def apply(self, lprobs: Tensor, t: int, hist: Tensor, max_len_rows: Tensor,
-              prefix_rows: Tensor) -> Tensor:
+              prefix_rows: Tensor, floor: Tensor | float = FORCED_FLOOR) -> Tensor:
         """Mask ``lprobs`` (R, V) in place for step ``t`` (``t`` tokens generated so far).
 
         hist (R, t): the tokens so far; max_len_rows (R,); prefix_rows (R, P), -1 = free.
+        ``lprobs`` may also be logits (log-probabilities up to a per-row constant c); then
+        ``floor`` must be FORCED_FLOOR + c, per row (R,).
         """
+        floor_col = floor[:, None] if isinstance(floor, Tensor) else floor
         at_max = t >= max_len_rows  # (R,) bool
         forced = prefix_rows[:, t] if t < prefix_rows.size(1) else None
         force_any = forced is not None and bool((forced >= 0).any())
         # Values that forcing must keep even where the masks below remove them. A forced
         # token the model gives probability 0 still gets a finite (very bad) score, so that a
         # forced path is never mistaken for a dead beam (whose score is -inf).
-        eos_orig = lprobs[:, self.eos].clamp(min=FORCED_FLOOR)
+        eos_orig = torch.maximum(lprobs[:, self.eos], torch.as_tensor(floor, device=lprobs.device))
         if force_any:
-            forced_orig = lprobs.gather(1, forced.clamp(min=0)[:, None]).clamp(min=FORCED_FLOOR)
+            forced_orig = torch.maximum(lprobs.gather(1, forced.clamp(min=0)[:, None]),
+                                        torch.as_tensor(floor_col, device=lprobs.device))
         # PAD and BOS are never outputs.
         lprobs[:, self.pad] = NEG_INF
         lprobs[:, self.bos] = NEG_INF
@@ -195,6 +199,7 @@ def _constraints(cfg: DecodeConfig, pad: int, bos: int, eos: int) -> _Constraint
 
 def _log_probs(logits: Tensor) -> Tensor:
     # float32 even when the model ran in bf16: beam scores accumulate over many steps.
+    # (log_softmax(dtype=float32) on bf16 logits measured no faster than this on the CPU.)
     return F.log_softmax(logits.float(), dim=-1)
 
 
@@ -297,11 +302,16 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
             step_attn = attn.unsqueeze(1)  # (R, 1, ..., S)
             attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], dim=1)
 
-        cand = (scores.unsqueeze(-1) + lprobs.view(n, k, vocab)).view(n, k * vocab)
-        n_cand = min(2 * k_beam, k * vocab)
-        top_scores, top_idx = cand.topk(n_cand, dim=1)  # (n, 2K), best first
-        top_beam = torch.div(top_idx, vocab, rounding_mode="floor")
-        top_tok = top_idx - top_beam * vocab
+        # A beam's score is the same for all of its continuations, so the sentence's 2K best
+        # candidates are among the 2K best tokens of each of its rows: take those per row,
+        # then add the scores to (rows, 2K) values only, never to a (rows, vocab) tensor.
+        n_row = min(2 * k_beam, vocab)
+        row_vals, row_tok = lprobs.topk(n_row, dim=1)  # (R, 2K)
+        cand = (scores.view(-1, 1) + row_vals).view(n, k * n_row)
+        n_cand = min(2 * k_beam, k * n_row)
+        top_scores, top_pos = cand.topk(n_cand, dim=1)  # (n, 2K), best first
+        top_beam = torch.div(top_pos, n_row, rounding_mode="floor")
+        top_tok = row_tok.view(n, k * n_row).gather(1, top_pos)
         is_eos = top_tok == eos
 
         # Finished: EOS among the K best candidates (with a finite score).
