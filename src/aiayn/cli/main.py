@@ -14,7 +14,7 @@ from aiayn.errors import AiaynError
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (
-    "demo", "prepare", "train", "average", "translate", "evaluate", "serve", "plot",
+    "demo", "prepare", "train", "average", "translate", "evaluate", "parse", "serve", "plot",
     "export", "import_hf", "model_info",
 )
 

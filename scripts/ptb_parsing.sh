@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Constituency parsing on the Penn Treebank sample, end to end (paper, section 6.2): prepare
+# (train wsj_0001-0159, valid wsj_0160-0179, test wsj_0180-0199), train for 15 minutes,
+# average the last checkpoints, parse valid and test with beam 21, alpha 0.3, max length =
+# input + 300, and score with EVALB (COLLINS.prm). Results in docs/benchmarks.md.
+#
+#   bash scripts/ptb_parsing.sh
+#   RUN=runs/ptb2 bash scripts/ptb_parsing.sh train.max_time_minutes=30
+#   AIAYN_NUM_THREADS=1 bash scripts/ptb_parsing.sh   # a 2-core machine busy with other work
+#
+# Extra arguments are config overrides passed to `aiayn train`. A run directory that already
+# holds checkpoints is resumed, not restarted: use a new RUN for a fresh run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA_DIR=${DATA_DIR:-../shared/data}
+PTB_DIR=${PTB_DIR:-$DATA_DIR/ptb-sample}
+CONFIG=${CONFIG:-configs/ptb_parsing.yaml}
+PREPARED=${PREPARED:-data-bin/ptb_parsing}
+RUN=${RUN:-runs/ptb_parsing}
+AVERAGE=${AVERAGE:-5}
+AIAYN=${AIAYN:-.venv/bin/aiayn}
+[ -x "$AIAYN" ] || AIAYN=aiayn
+# The recipe is sized for two CPU cores.
+export AIAYN_NUM_THREADS=${AIAYN_NUM_THREADS:-2}
+
+echo "== prepare ($PTB_DIR -> $PREPARED)"
+$AIAYN prepare --task parsing --config "$CONFIG" --ptb-dir "$PTB_DIR" --out "$PREPARED" --quiet
+
+echo "== train ($RUN, $AIAYN_NUM_THREADS threads)"
+$AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@"
+
+echo "== average the last $AVERAGE checkpoints"
+$AIAYN average "$RUN" --last "$AVERAGE" --out "$RUN/averaged"
+
+# Decoding uses the torch threads too; the checkpoint's batch_tokens keeps beam 21 in memory.
+for split in valid test; do
+    echo "== parse and score $split (beam 21, alpha 0.3, max length = input + 300)"
+    $AIAYN parse --checkpoint "$RUN/averaged" --prepared "$PREPARED" --split "$split" \
+        --output "$RUN/$split.trees.txt" --json --quiet > "$RUN/$split.scores.json"
+    python3 - "$RUN/$split.scores.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"{s['split']}: F1 {s['f1']:.2f} (P {s['precision']:.2f}, R {s['recall']:.2f}), exact match "
+      f"{s['exact_match']:.2f}, {s['repaired']} of {s['parsed']} predictions repaired, {s['seconds']:.0f} s")
+EOF
+done
+grep -o "training [0-9,]* parameters.*" "$RUN/train.log" | tail -1
+python3 -c "import json,sys; s=json.load(open(sys.argv[1])); print(f\"trained {s['step']} steps, \
+{s['epoch']:.1f} epochs in {s['elapsed'] / 60:.1f} min ({s['stop_reason']})\")" "$RUN/train_summary.json"

@@ -1,0 +1,129 @@
+"""`aiayn parse`: constituency trees from a parsing checkpoint, scored with EVALB when gold
+trees are given (paper, section 6.2)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from aiayn.errors import AiaynError
+
+EPILOG = """\
+examples
+  aiayn parse --checkpoint runs/ptb_parsing/averaged --prepared data-bin/ptb_parsing --split test
+  aiayn parse --checkpoint runs/ptb_parsing/averaged --input words.txt --output trees.txt
+  aiayn parse --checkpoint runs/ptb_parsing/averaged --input words.txt --gold gold.txt --json
+
+Input: one sentence per line, words separated by spaces (Penn Treebank tokenization;
+brackets become -LRB- / -RRB-). Output: one tree per line, POS tags written as XX (the
+model predicts structure only); an empty input line gives an empty output line.
+Malformed predictions are repaired into a tree over exactly the input words; the summary
+says how many were. Scores are EVALB's with COLLINS.prm (labeled bracket F1, precision,
+recall, exact match; punctuation found with the gold POS tags).
+--json prints {"f1", "precision", "recall", "exact_match", "sentences", "repaired", ...}.
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "parse", help="parse sentences into constituency trees (and score them with EVALB)",
+        description="Parse with a checkpoint trained on linearized trees (configs/ptb_parsing.yaml): "
+                    "a split of a prepared directory (scored against its gold trees), or an --input "
+                    "file (scored when --gold is given).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", required=True, nargs="+", metavar="PATH",
+                   help="checkpoint or run directory (several paths: averaged weights)")
+    p.add_argument("--prepared", metavar="DIR", help="directory written by `aiayn prepare --task parsing`")
+    p.add_argument("--split", default="test", choices=("test", "valid", "train"),
+                   help="with --prepared: the split to parse and score (default test)")
+    p.add_argument("--input", metavar="FILE", help="sentences to parse, one per line")
+    p.add_argument("--gold", metavar="FILE", help="with --input: gold trees to score against")
+    p.add_argument("--output", "-o", metavar="FILE", help="write the predicted trees here")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g = p.add_argument_group("decoding (default: the paper's parsing settings, beam 21, alpha 0.3, "
+                             "max length = input + 300)")
+    g.add_argument("--beam", type=int, help="beam size (default 21)")
+    g.add_argument("--lenpen", type=float, help="length-penalty alpha (default 0.3)")
+    g.add_argument("--max-len-a", type=float, help="max output tokens = a * source tokens + b (default 1)")
+    g.add_argument("--max-len-b", type=int, help="see --max-len-a (default 300)")
+    g.add_argument("--batch-tokens", type=int, help="padded source tokens per batch (default: the checkpoint's)")
+    g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
+    g.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="default fp32")
+    g.add_argument("--threads", type=int, help="CPU threads (default: $AIAYN_NUM_THREADS, else torch's)")
+    p.set_defaults(func=run)
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    if bool(args.prepared) == bool(args.input):
+        raise AiaynError("give either --prepared DIR (with --split) or --input FILE")
+    if args.gold and not args.input:
+        raise AiaynError("--gold goes with --input; a --prepared split brings its own gold trees")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aiayn.data.trees import tree_to_string
+    from aiayn.inference.parsing import Parser, parse_prepared_split, read_gold, score_parses
+
+    _check_args(args)
+    threads = args.threads or int(os.environ.get("AIAYN_NUM_THREADS", "0") or 0)
+    if threads:
+        # As `aiayn train` does: on a busy machine, fewer threads than cores decode faster.
+        import torch
+
+        torch.set_num_threads(threads)
+    decode = {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a,
+              "max_len_b": args.max_len_b, "batch_tokens": args.batch_tokens}
+    gold = None
+    if args.input:
+        from aiayn.cli.translate import read_file_lines
+
+        sentences = read_file_lines(Path(args.input), "error")
+        if args.gold:
+            gold = read_gold(args.gold)
+            if len(gold) != len(sentences):
+                raise AiaynError(f"{args.gold} has {len(gold)} trees but {args.input} has {len(sentences)} lines")
+    parser = Parser.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype)
+    parser.decode_settings(**decode)  # a bad option fails before any decoding
+    total = len(sentences) if args.input else None
+    scores: dict[str, Any] | None = None
+    with tqdm(total=total, unit="sent", file=sys.stderr, disable=args.quiet, desc="parse") as bar:
+        if args.prepared:
+            scores, results = parse_prepared_split(parser, args.prepared, args.split, progress=bar.update,
+                                                   **decode)
+            what = f"{args.prepared} {args.split}"
+        else:
+            results = parser.parse(sentences, progress=bar.update, **decode)
+            what = args.input
+            if gold is not None:
+                scores = score_parses(gold, results)
+    if args.output:
+        Path(args.output).write_text("".join((tree_to_string(r.tree) if r.tree else "") + "\n" for r in results),
+                                     encoding="utf-8")
+    repaired = sum(r.repaired for r in results)
+    if scores is None:
+        if args.json:
+            print(json.dumps({"source": what, "parsed": len(results), "repaired": repaired}))
+        elif not args.output:  # nothing was scored or written: the trees are the output
+            for r in results:
+                print(tree_to_string(r.tree) if r.tree else "")
+        else:
+            print(f"{what}: {len(results)} sentences parsed, {repaired} repaired -> {args.output}")
+        return 0
+    scores["source"] = what
+    if args.json:
+        print(json.dumps(scores, indent=1))
+        return 0
+    print(f"{what}: {scores['sentences']} sentences ({scores['skipped']} skipped by EVALB), "
+          f"{repaired} of {len(results)} predictions repaired")
+    print(f"F1 = {scores['f1']:.2f}  (P {scores['precision']:.2f}, R {scores['recall']:.2f}; "
+          f"{scores['matched']} matched of {scores['gold_brackets']} gold / {scores['test_brackets']} "
+          f"predicted brackets)")
+    print(f"exact match = {scores['exact_match']:.2f}")
+    return 0

@@ -1,0 +1,159 @@
+"""Constituency parsing with a trained checkpoint: words in, valid trees out (section 6.2).
+
+    parser = Parser.from_checkpoint("runs/ptb_parsing/averaged")
+    results = parser.parse(["Ms. Haag plays Elianti ."])     # beam 21, alpha 0.3, |x| + 300
+    tree_to_string(results[0].tree)   # "(S (NP (XX Ms.) (XX Haag)) (VP (XX plays) ...) (XX .))"
+    scores, results = parse_prepared_split(parser, "data-bin/ptb_parsing", "test")
+
+The model "translates" a sentence into a linearized tree (``(S (NP XX XX )NP ... )S``,
+:mod:`aiayn.data.trees`); each prediction is rebuilt over the input words with
+:func:`aiayn.data.trees.rebuild`, which repairs malformed output, so every sentence gets
+exactly one tree whose leaves are its words. How many needed a repair is counted, since a
+high count means the model has not learnt the bracket grammar. Trees are scored with
+:func:`aiayn.evaluation.parsing.evalb` (EVALB, COLLINS.prm). The parser predicts no POS
+tags: every preterminal is ``XX``; EVALB finds punctuation with the gold tags.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiayn.data.trees import PLACEHOLDER, Tree, is_well_formed, read_trees_with_lines, rebuild
+from aiayn.errors import DataError
+from aiayn.evaluation.parsing import evalb
+from aiayn.inference.translator import Translator
+
+log = logging.getLogger(__name__)
+
+PARSING_DECODE: dict[str, Any] = {"beam": 21, "lenpen": 0.3, "max_len_a": 1.0, "max_len_b": 300}
+"""Section 6.2: beam 21, alpha 0.3, maximum output length = input length + 300. The input
+length is the search's (source BPE pieces + EOS), at least the number of words + 1, so the
+bound is never tighter than the paper's."""
+
+# The treebank writes brackets in words as -LRB- / -RRB- (and braces -LCB- / -RCB-): the
+# model was trained on those spellings, and a literal bracket would break the tree format.
+_PTB_ESCAPES = {"(": "-LRB-", ")": "-RRB-", "{": "-LCB-", "}": "-RCB-"}
+
+
+def ptb_escape(word: str) -> str:
+    """A raw word as the treebank spells it: ``(`` -> ``-LRB-`` and so on."""
+    if word in _PTB_ESCAPES:
+        return _PTB_ESCAPES[word]
+    for char, escaped in _PTB_ESCAPES.items():
+        word = word.replace(char, escaped)
+    return word
+
+
+@dataclass
+class ParseResult:
+    """The parse of one sentence."""
+
+    words: list[str]
+    tree: Tree | None  # None only for a sentence without words
+    tokens: list[str] = field(default_factory=list)  # the predicted linearization, as decoded
+    repaired: bool = False  # the prediction was not one well-formed tree over the words
+
+
+def to_tree(tokens: Sequence[str], words: Sequence[str], placeholder: str = PLACEHOLDER) -> ParseResult:
+    """One predicted linearization -> a :class:`ParseResult` over ``words`` (repaired if
+    malformed, and marked so). No words: ``tree=None``."""
+    if not words:
+        return ParseResult(list(words), None, list(tokens))
+    repaired = not is_well_formed(tokens, len(words), placeholder)
+    return ParseResult(list(words), rebuild(tokens, words, placeholder=placeholder), list(tokens), repaired)
+
+
+class Parser:
+    """A :class:`Translator` trained on linearized trees, plus the rebuild into trees.
+
+    Decoding uses :data:`PARSING_DECODE` (the paper's parsing settings) over the
+    checkpoint's ``decode`` section; keyword overrides to :meth:`parse` win over both.
+    """
+
+    def __init__(self, translator: Translator, placeholder: str = PLACEHOLDER) -> None:
+        self.translator = translator
+        self.placeholder = placeholder
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "cpu",
+                        dtype: str = "fp32") -> Parser:
+        """Load a checkpoint (several paths: averaged weights, see :class:`Translator`)."""
+        return cls(Translator.from_checkpoint(path, device=device, dtype=dtype))
+
+    def decode_settings(self, **overrides: Any) -> dict[str, Any]:
+        """The paper's parsing settings with ``overrides`` (None values ignored), validated."""
+        settings = {**PARSING_DECODE, **{k: v for k, v in overrides.items() if v is not None}}
+        self.translator.decode_config(**settings)  # raises ConfigError on a bad option
+        return settings
+
+    def parse(self, sentences: Sequence[str | Sequence[str]],
+              progress: Callable[[int], None] | None = None, **decode_overrides: Any) -> list[ParseResult]:
+        """Parse each sentence (a string of space-separated words, or a list of words).
+
+        Words are PTB-escaped (:func:`ptb_escape`) before decoding. Returns one
+        :class:`ParseResult` per sentence, in input order; a sentence without words gets
+        ``tree=None``. ``progress`` is called with the number of sentences done per batch.
+        """
+        settings = self.decode_settings(**decode_overrides)
+        word_lists = [[ptb_escape(w) for w in (s.split() if isinstance(s, str) else s)] for s in sentences]
+        texts = [" ".join(words) for words in word_lists]
+        t0 = time.perf_counter()
+        outputs = self.translator.translate_detailed(texts, nbest=1, progress=progress, **settings) if texts else []
+        translations = [r.hypotheses[0].text if r.hypotheses else "" for r in outputs]
+        # The target vocabulary is one piece per tree symbol, so the decoded text splits
+        # back into symbols on spaces (an <unk> becomes a token rebuild() drops).
+        results = [to_tree(text.split(), words, self.placeholder) for words, text in zip(word_lists, translations)]
+        n_repaired = sum(r.repaired for r in results)
+        log.info("parsed %d sentences in %.1f s (beam %d, lenpen %g, max length %g * input + %d); "
+                 "%d needed repair", len(results), time.perf_counter() - t0, settings["beam"],
+                 settings["lenpen"], settings["max_len_a"], settings["max_len_b"], n_repaired)
+        return results
+
+
+def score_parses(gold_trees: Sequence[Tree | str], results: Sequence[ParseResult]) -> dict[str, Any]:
+    """EVALB scores of ``results`` against ``gold_trees`` (sentence i against sentence i),
+    plus ``repaired`` (predictions that needed a repair) and ``parsed`` (sentences)."""
+    if any(r.tree is None for r in results):
+        raise DataError("cannot score an empty sentence: every gold tree has words")
+    trees = [r.tree for r in results if r.tree is not None]
+    scores = evalb(gold_trees, trees)
+    scores["parsed"] = len(results)
+    scores["repaired"] = sum(r.repaired for r in results)
+    return scores
+
+
+def read_gold(path: str | Path) -> list[Tree]:
+    """Gold trees of a file (one per line or ``.mrg`` layout); an error if there are none."""
+    trees = [tree for _, tree in read_trees_with_lines(path)]
+    if not trees:
+        raise DataError(f"{path}: no trees")
+    return trees
+
+
+def parse_prepared_split(parser: Parser, prepared_dir: str | Path, split: str,
+                         progress: Callable[[int], None] | None = None,
+                         **decode_overrides: Any) -> tuple[dict[str, Any], list[ParseResult]]:
+    """Parse and score one split of a ``aiayn prepare --task parsing`` directory.
+
+    The input words are the leaves of ``{split}.gold.txt`` (the same words as
+    ``{split}.src.txt``), so the trees always align with the gold ones. Returns the
+    scores of :func:`score_parses` (with ``split`` and ``seconds``) and the parses.
+    """
+    path = Path(prepared_dir) / f"{split}.gold.txt"
+    if not path.is_file():
+        raise DataError(f"{path}: not found; is {prepared_dir} prepared with `aiayn prepare --task parsing` "
+                        f"and a {split} split?")
+    gold = read_gold(path)
+    t0 = time.perf_counter()
+    results = parser.parse([tree.leaves() for tree in gold], progress=progress, **decode_overrides)
+    seconds = time.perf_counter() - t0
+    scores = score_parses(gold, results)
+    scores.update(split=split, seconds=round(seconds, 3))
+    log.info("%s: F1 %.2f (P %.2f, R %.2f), exact %.2f, %d of %d repaired", split, scores["f1"],
+             scores["precision"], scores["recall"], scores["exact_match"], scores["repaired"], len(gold))
+    return scores, results

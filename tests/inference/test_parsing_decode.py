@@ -1,0 +1,169 @@
+"""Parsing as decoding (aiayn.inference.parsing, `aiayn parse`): every prediction becomes a
+valid tree over the input words, repairs are counted, and gold linearizations score 100 F1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+from aiayn.config import Config, DecodeConfig, load_config, model_preset
+from aiayn.data.trees import linearize, parse_tree, tree_to_string
+from aiayn.inference.parsing import (
+    PARSING_DECODE,
+    Parser,
+    ParseResult,
+    parse_prepared_split,
+    ptb_escape,
+    score_parses,
+    to_tree,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOLD = [
+    "(S (NP (NNP Ms.) (NNP Haag)) (VP (VBZ plays) (NP (NNP Elianti))) (. .))",
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
+    "(S (NP (PRP He)) (VP (VBD said) (SBAR (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
+    "(NP (NP (DT a) (NN man)) (PP (IN with) (NP (DT a) (NN dog))))",
+    "(S (NP (NNS Prices)) (VP (VBD rose) (NP (CD 5) (NN %))) (, ,) (NP (PRP they)) (VP (VBD said)) (. .))",
+    "(FRAG (NP (-LRB- -LRB-) (NN note) (-RRB- -RRB-)) (. .))",
+]
+
+
+@pytest.fixture(scope="module")
+def gold_trees() -> list:
+    return [parse_tree(t) for t in GOLD]
+
+
+@pytest.fixture(scope="module")
+def parsing_checkpoint(tmp_path_factory: pytest.TempPathFactory, gold_trees: list) -> Path:
+    """Random weights over real separate vocabularies: BPE over words, one piece per symbol."""
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+    from aiayn.training.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("parsing")
+    words = [" ".join(t.leaves()) for t in gold_trees] * 20
+    symbols = [" ".join(linearize(t)) for t in gold_trees] * 20
+    tok = train_tokenizer(words, symbols, root / "spm", vocab_size=60, joint=False, model_type="bpe",
+                          tgt_model_type="word", num_threads=1)
+    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    share_embeddings="decoder", max_positions=128),
+                 decode=DecodeConfig(batch_tokens=64))
+    torch.manual_seed(0)
+    return save_checkpoint(root / "ckpt", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
+
+
+class FakeTranslator:
+    """Returns scripted target texts: the search replaced by known outputs."""
+
+    def __init__(self, outputs: dict[str, str]) -> None:
+        self.outputs = outputs
+        self.seen: list[str] = []
+        self.settings: dict = {}
+
+    def decode_config(self, **overrides: object) -> DecodeConfig:
+        return DecodeConfig(**{k: v for k, v in overrides.items() if v is not None})
+
+    def translate_detailed(self, texts: list[str], nbest: int = 1, progress=None, **settings: object) -> list:
+        from aiayn.inference.translator import Hypothesis, TranslationResult
+
+        self.seen, self.settings = list(texts), settings
+        return [TranslationResult(t, [Hypothesis(self.outputs.get(t, ""), [], 0.0, [], [])]) for t in texts]
+
+
+def _assert_valid(result: ParseResult) -> None:
+    assert result.tree is not None
+    assert result.tree.leaves() == result.words
+    # One tree that prints and reads back unchanged.
+    assert tree_to_string(parse_tree(tree_to_string(result.tree))) == tree_to_string(result.tree)
+
+
+def test_recipe_config_has_the_papers_parsing_settings() -> None:
+    cfg = load_config(REPO / "configs" / "ptb_parsing.yaml")
+    assert (cfg.decode.beam, cfg.decode.lenpen, cfg.decode.max_len_a, cfg.decode.max_len_b) == (21, 0.3, 1.0, 300)
+    assert not cfg.data.joint_vocab and cfg.model.share_embeddings != "all"
+    assert PARSING_DECODE == {"beam": 21, "lenpen": 0.3, "max_len_a": 1.0, "max_len_b": 300}
+
+
+def test_random_model_gives_a_valid_tree_for_every_sentence(parsing_checkpoint: Path, gold_trees: list) -> None:
+    parser = Parser.from_checkpoint(parsing_checkpoint)
+    assert parser.decode_settings() == PARSING_DECODE
+    sentences = [" ".join(t.leaves()) for t in gold_trees] + ["unseen words here ( too )", ""]
+    done: list[int] = []
+    # Beam 21 and alpha 0.3 as the paper; a short length limit keeps a random model quick.
+    results = parser.parse(sentences, progress=done.append, max_len_b=40)
+    assert sum(done) == len(sentences) and len(results) == len(sentences)
+    for r in results[:-1]:
+        _assert_valid(r)
+    assert results[-2].words == ["unseen", "words", "here", "-LRB-", "too", "-RRB-"]
+    assert results[-1].tree is None and results[-1].words == []
+    # Random weights emit brackets at random: most outputs need repair, and it is counted.
+    scores = score_parses(gold_trees, results[:len(gold_trees)])
+    assert scores["repaired"] == sum(r.repaired for r in results[:len(gold_trees)]) > 0
+    assert scores["parsed"] == len(gold_trees) and 0.0 <= scores["f1"] <= 100.0
+
+
+def test_gold_linearizations_score_100(gold_trees: list) -> None:
+    results = [to_tree(linearize(t), t.leaves()) for t in gold_trees]
+    assert not any(r.repaired for r in results)
+    scores = score_parses(gold_trees, results)
+    assert scores["f1"] == scores["exact_match"] == 100.0
+    assert scores["repaired"] == 0 and scores["sentences"] == len(gold_trees)
+
+
+def test_parse_path_with_scripted_outputs(gold_trees: list, tmp_path: Path) -> None:
+    outputs = {" ".join(t.leaves()): " ".join(linearize(t)) for t in gold_trees}
+    fake = FakeTranslator(outputs)
+    (tmp_path / "valid.gold.txt").write_text("".join(g + "\n" for g in GOLD), encoding="utf-8")
+    scores, results = parse_prepared_split(Parser(fake), tmp_path, "valid")  # type: ignore[arg-type]
+    assert scores["f1"] == 100.0 and scores["repaired"] == 0 and scores["split"] == "valid"
+    assert fake.settings == PARSING_DECODE  # the paper's settings reach the search
+
+    # Malformed outputs: unbalanced, too few/many placeholders, stray closers, <unk>.
+    bad = {fake.seen[0]: "(S (NP XX XX )VP XX XX XX XX", fake.seen[1]: ")S XX ⁇ (NP XX )NP",
+           fake.seen[2]: "", fake.seen[3]: "(NP XX XX XX XX XX XX XX XX XX )NP )NP )NP"}
+    results = Parser(FakeTranslator(bad)).parse(fake.seen[:4], beam=2)  # type: ignore[arg-type]
+    assert [r.repaired for r in results] == [True, True, True, True]
+    for r in results:
+        _assert_valid(r)
+    assert score_parses(gold_trees[:4], results)["repaired"] == 4
+
+
+def test_ptb_escape() -> None:
+    assert [ptb_escape(w) for w in ["(", ")", "{", "}", "a(b)", "word"]] == \
+        ["-LRB-", "-RRB-", "-LCB-", "-RCB-", "a-LRB-b-RRB-", "word"]
+
+
+def test_parse_cli(parsing_checkpoint: Path, gold_trees: list, tmp_path: Path, capsys) -> None:
+    words = tmp_path / "words.txt"
+    words.write_text("".join(" ".join(t.leaves()) + "\n" for t in gold_trees[:3]) + "\n", encoding="utf-8")
+    out = tmp_path / "trees.txt"
+    with pytest.raises(SystemExit) as exc:
+        main(["parse", "--checkpoint", str(parsing_checkpoint), "--input", str(words), "--output", str(out),
+              "--beam", "3", "--max-len-b", "20", "--quiet"])
+    assert exc.value.code == 0
+    lines = out.read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 5 and lines[3] == "" and lines[4] == ""  # empty input line -> empty line
+    for line, tree in zip(lines[:3], gold_trees):
+        assert parse_tree(line).leaves() == tree.leaves()
+
+    gold = tmp_path / "gold.txt"
+    gold.write_text("".join(g + "\n" for g in GOLD[:3]), encoding="utf-8")
+    words.write_text("".join(" ".join(t.leaves()) + "\n" for t in gold_trees[:3]), encoding="utf-8")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["parse", "--checkpoint", str(parsing_checkpoint), "--input", str(words), "--gold", str(gold),
+              "--beam", "2", "--max-len-b", "20", "--json", "--quiet"])
+    assert exc.value.code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parsed"] == 3 and 0 <= report["repaired"] <= 3 and "f1" in report
+
+    with pytest.raises(SystemExit) as exc:
+        main(["parse", "--checkpoint", str(parsing_checkpoint), "--input", str(words), "--prepared", str(tmp_path)])
+    assert exc.value.code == 2
+    assert "either --prepared" in capsys.readouterr().err
