@@ -41,3 +41,18 @@ def test_causal_explicit_equals_fused() -> None:
     explicit, w = scaled_dot_product_attention(q, q, q, is_causal=True, need_weights=True)
     assert torch.allclose(fused, explicit, atol=1e-6)
     assert torch.all(w.triu(diagonal=1) == 0)
+
+
+def test_bf16_cpu_uses_explicit_path_with_same_result() -> None:
+    """On a CPU in bf16 the explicit formula replaces the (slow) flash kernel; same numbers."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
+    mask = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    mask[0, ..., 5:] = False
+    ref, _ = scaled_dot_product_attention(q, k, v, mask)
+    out, w = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
+    assert w is None and out.dtype == torch.bfloat16
+    assert torch.allclose(out.float(), ref, atol=3e-2)
+    causal_ref, _ = scaled_dot_product_attention(q, q, q, is_causal=True)
+    causal, _ = scaled_dot_product_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), is_causal=True)
+    assert torch.allclose(causal.float(), causal_ref, atol=3e-2)

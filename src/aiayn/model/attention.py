@@ -19,8 +19,13 @@ def scaled_dot_product_attention(
     True where a query may attend. Without ``need_weights`` this is PyTorch's fused
     kernel (flash / memory-efficient on GPUs); with it, the explicit formula, returning
     the probabilities (B, H, T, S) as well (0 on masked keys, rows summing to 1).
+
+    On a CPU in bf16/fp16 the explicit formula also serves when no weights are wanted:
+    PyTorch's CPU flash kernel is several times slower there for translation-length
+    sequences (forward and backward; measured in docs/benchmarks.md), while two batched
+    matmuls run on the bf16 matrix units.
     """
-    if not need_weights:
+    if not need_weights and not _explicit_is_faster(q):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal and mask is None
         )
@@ -34,7 +39,11 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
     dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
-    return torch.matmul(dropped, v), probs
+    return torch.matmul(dropped, v), (probs if need_weights else None)
+
+
+def _explicit_is_faster(q: Tensor) -> bool:
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
 class MultiHeadAttention(nn.Module):

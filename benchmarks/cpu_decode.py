@@ -1,0 +1,181 @@
+"""Beam-4 decoding speed on this CPU: aiayn against HF `generate` and CTranslate2.
+
+Workload (see workloads.py): Transformer base, vocabulary 32,000, random weights, 64 source
+sentences of 24 tokens (23 random ids + EOS), beam 4, exactly 40 generated tokens each
+(EOS blocked before, forced after), all 64 in one call, 2 threads; figure = 64 x 40 / s.
+
+All systems run the *same* weights: the aiayn model is exported with `aiayn export hf`
+(MarianMTModel) and converted from there with CTranslate2's own converter (float32 and
+int8). Each system runs in its own process, so its peak RSS is its own.
+
+    python benchmarks/cpu_decode.py [--quick] [--json FILE] [--systems aiayn,hf,ctranslate2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import workloads as W  # noqa: E402
+
+SYSTEMS = [("aiayn", "fp32"), ("aiayn", "bf16"), ("hf", "fp32"), ("ctranslate2", "float32"),
+           ("ctranslate2", "int8")]
+
+
+def build_models(root: Path) -> None:
+    """Random base model + a 32,000-word tokenizer -> aiayn checkpoint, HF dir, CTranslate2 dirs."""
+    from aiayn.config import Config, model_preset
+    from aiayn.interop.ctranslate2 import convert_hf_dir
+    from aiayn.interop.hf_marian import save_hf_dir
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+    from aiayn.training.checkpoint import save_checkpoint
+
+    if (root / "done").exists():
+        return
+    # A word-level SentencePiece model: every one of the 31,996 words is one piece.
+    words = [f"w{i}" for i in range(W.VOCAB - 4)]
+    lines = [" ".join(words[i:i + 20]) for i in range(0, len(words), 20)]
+    tok = train_tokenizer(lines, lines, root / "spm", W.VOCAB, model_type="word", input_sentence_size=0)
+    assert tok.src_vocab_size == W.VOCAB, tok.src_vocab_size
+    torch.manual_seed(W.SEED)
+    cfg = Config(model=model_preset("base", src_vocab_size=W.VOCAB, tgt_vocab_size=W.VOCAB))
+    model = build_model(cfg.model).eval()
+    save_checkpoint(root / "aiayn", model, cfg, tok)
+    save_hf_dir(model, cfg, tok, root / "hf", warn_generation=False)
+    convert_hf_dir(root / "hf", root / "ct2-float32")
+    convert_hf_dir(root / "hf", root / "ct2-int8", quantization="int8")
+    (root / "done").write_text("ok")
+
+
+def run_aiayn(root: Path, dtype: str, runs: int) -> tuple[list[float], list[list[int]]]:
+    from aiayn.config import DecodeConfig
+    from aiayn.inference.search import search
+    from aiayn.inference.translator import Translator
+
+    tr = Translator.from_checkpoint(root / "aiayn", dtype=dtype)
+    src = W.decode_sources()
+    cfg = DecodeConfig(beam=W.BEAM, lenpen=0.6, min_len=W.DECODE_NEW, max_len_a=0.0, max_len_b=W.DECODE_NEW)
+    out: list = []
+
+    def once() -> None:
+        with torch.inference_mode():  # what Translator.translate runs, minus text in and out
+            out[:] = search(tr.decoder, src.to(tr.device), cfg)
+
+    seconds = W.time_runs(once, runs)
+    return seconds, out
+
+
+def run_hf(root: Path, runs: int) -> tuple[list[float], list[list[int]]]:
+    from transformers import MarianMTModel
+
+    model = MarianMTModel.from_pretrained(root / "hf").eval()
+    src = W.decode_sources()
+    out: list = []
+
+    def once() -> None:
+        with torch.inference_mode():
+            ids = model.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=W.BEAM,
+                                 min_new_tokens=W.DECODE_NEW + 1, max_new_tokens=W.DECODE_NEW + 1,
+                                 length_penalty=0.6, early_stopping=True, do_sample=False)
+        out[:] = ids.tolist()
+
+    seconds = W.time_runs(once, runs)
+    return seconds, out
+
+
+def run_ct2(root: Path, quant: str, runs: int) -> tuple[list[float], list[list[int]]]:
+    import ctranslate2
+
+    translator = ctranslate2.Translator(str(root / f"ct2-{quant}"), device="cpu", inter_threads=1,
+                                        intra_threads=W.THREADS)
+    vocab = json.loads((root / "hf" / "vocab.json").read_text())
+    pieces = {i: p for p, i in vocab.items()}
+    batch = [[pieces[i] for i in row] for row in W.decode_sources().tolist()]
+    out: list = []
+
+    def once() -> None:
+        res = translator.translate_batch(batch, beam_size=W.BEAM, length_penalty=0.6,
+                                         min_decoding_length=W.DECODE_NEW, max_decoding_length=W.DECODE_NEW,
+                                         max_batch_size=len(batch))
+        out[:] = [r.hypotheses[0] for r in res]
+
+    seconds = W.time_runs(once, runs)
+    return seconds, out
+
+
+def run_one(root: Path, system: str, dtype: str, runs: int) -> dict:
+    W.setup_threads()
+    if system == "aiayn":
+        seconds, out = run_aiayn(root, dtype, runs)
+    elif system == "hf":
+        seconds, out = run_hf(root, runs)
+    else:
+        seconds, out = run_ct2(root, dtype, runs)
+    tokens = W.DECODE_SENTS * W.DECODE_NEW
+    t = W.Timing(system, dtype, tokens, seconds)
+    return {"system": system, "dtype": dtype, "tokens_per_s": t.tokens_per_s,
+            "best_tokens_per_s": t.best_tokens_per_s, "seconds": seconds, "peak_rss_mb": W.peak_rss_mb(),
+            "outputs": len(out)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one timed run per system (smoke check)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--systems", default="aiayn,hf,ctranslate2")
+    ap.add_argument("--workdir", help="where the converted models are kept (default: a temporary dir)")
+    ap.add_argument("--one", nargs=3, metavar=("ROOT", "SYSTEM", "DTYPE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    runs = 1 if args.quick else args.runs
+    if args.one:
+        root, system, dtype = args.one
+        print(json.dumps(run_one(Path(root), system, dtype, runs)))
+        return
+    W.setup_threads()
+    wanted = set(args.systems.split(","))
+    with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as tmp:
+        root = Path(args.workdir or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            build_models(root)
+        except ImportError as exc:  # transformers / ctranslate2 missing: aiayn alone
+            print(f"peers unavailable ({exc}); measuring aiayn only", file=sys.stderr)
+            wanted = {"aiayn"}
+            if not (root / "aiayn").exists():
+                raise
+        rows = []
+        for system, dtype in SYSTEMS:
+            if system not in wanted:
+                rows.append({"system": system, "dtype": dtype, "skipped": "not selected"})
+                continue
+            row = W.run_isolated(__file__, ["--one", str(root), system, dtype, "--runs", str(runs)])
+            rows.append({"system": system, "dtype": dtype, **row})
+            print(f"  {system} {dtype}: {row.get('tokens_per_s', 0):.1f} tok/s {row.get('skipped', '')}",
+                  file=sys.stderr)
+    ok = {(r["system"], r["dtype"]): r["tokens_per_s"] for r in rows if not r.get("skipped")}
+    reference = {"hf fp32": ok.get(("hf", "fp32"), 0.0), "ct2 f32": ok.get(("ctranslate2", "float32"), 0.0),
+                 "ct2 int8": ok.get(("ctranslate2", "int8"), 0.0)}
+    W.print_table("beam-4 decoding, base, 64 x 40 generated tokens, 2 threads", rows, reference)
+    bf16, fp32 = W.matmul_gflops(torch.bfloat16), W.matmul_gflops(torch.float32)
+    flop_per_token = 330e6  # from the CPU-performance issue: decoding cost per generated token
+    print(f"\nmatmul ceiling: bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s; "
+          f"limit ~{bf16 * 1e9 / flop_per_token:.0f} tok/s (bf16), ~{fp32 * 1e9 / flop_per_token:.0f} (fp32)")
+    for (system, dtype), tps in ok.items():
+        if system == "aiayn":
+            peak = bf16 if dtype == "bf16" else fp32
+            print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": W.machine(), "matmul_gflops": {"bf16": bf16, "fp32": fp32},
+                                               "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
