@@ -178,3 +178,22 @@ def test_reorder_grows_for_beams_then_shrinks() -> None:
         cache.reorder(shrink)
         step, _ = model.decode_step(tgt[grow[shrink], 2], cache)
     assert (step - full[grow[shrink], 2]).abs().max() <= 1e-5
+
+
+def test_reorder_within_sentences_leaves_cross_attention() -> None:
+    """same_sources: beams moved within their sentence; the result equals a full reorder."""
+    model = _model()
+    src, tgt = _batch()
+    grow = torch.tensor([0, 0, 1, 1, 2, 2])
+    with torch.no_grad():
+        memory, mask = model.encode(src[grow])
+        caches = [model.init_cache(memory, mask, max_len=8) for _ in range(2)]
+        for cache in caches:
+            model.decode_step(tgt[grow, 0], cache)
+            model.decode_step(tgt[grow, 1], cache)
+        within = torch.tensor([1, 1, 2, 3, 5, 4])  # each row keeps its sentence
+        caches[0].reorder(within)
+        caches[1].reorder(within, same_sources=True)
+        a, _ = model.decode_step(tgt[grow, 2], caches[0])
+        b, _ = model.decode_step(tgt[grow, 2], caches[1])
+    assert torch.equal(a, b)

@@ -52,24 +52,7 @@ class IncrementalDecoder:
             return self.model.decode_step(tokens, state, need_attn)  # (R, V), (R, L, H, S)
 
     def reorder(self, state: KVCache, index: Tensor, same_sources: bool = False) -> KVCache:
-        if not same_sources:
-            state.reorder(index)
-            return state
-        # Beams moved within their sentence: a sentence's rows share the same encoder
-        # output, so the cross-attention keys/values and the source mask already are what
-        # the index would give; only the self-attention prefix follows the parents. (This
-        # copy was about a sixth of beam-4 decoding time for the base model on a CPU.)
-        # Rows whose parent is the row itself (about half of them even with random weights)
-        # stay where they are; only the others are copied.
-        moved = (index != torch.arange(index.numel(), device=index.device)).nonzero(as_tuple=True)[0]
-        if moved.numel() == 0:
-            return state
-        parents = index.index_select(0, moved)
-        n = state.length
-        for c in state.layers:
-            for buf in (c.self_k, c.self_v):
-                filled = buf[:, :, :n]  # a view: index_copy_ writes into the cache itself
-                filled.index_copy_(0, moved, filled.index_select(0, parents))
+        state.reorder(index, same_sources=same_sources)
         return state
 
 

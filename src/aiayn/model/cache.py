@@ -62,9 +62,27 @@ class KVCache:
     def advance(self) -> None:
         self.length += 1
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep batch rows ``index`` (B',) in that order, e.g. beam parents."""
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        """Keep batch rows ``index`` (B',) in that order, e.g. beam parents.
+
+        ``same_sources``: every row stays with its own sentence (beams moved within their
+        sentence, none added or dropped). A sentence's rows share the same encoder output,
+        so the cross-attention keys/values and the source mask already are what the index
+        would give; only the self-attention prefix follows the parents, and rows whose
+        parent is the row itself (about half, even with random weights) stay where they
+        are. This copy was about a sixth of beam-4 decoding time for the base model on CPU.
+        """
         n, rows = self.length, index.numel()
+        if same_sources:
+            moved = (index != torch.arange(rows, device=index.device)).nonzero(as_tuple=True)[0]
+            if moved.numel() == 0:
+                return
+            parents = index.index_select(0, moved)
+            for c in self.layers:
+                for buf in (c.self_k, c.self_v):
+                    filled = buf[:, :, :n]  # a view: index_copy_ writes into the cache itself
+                    filled.index_copy_(0, moved, filled.index_select(0, parents))
+            return
         for c in self.layers:
             # Only the filled prefix is worth copying; later positions get overwritten. The
             # buffers are reused in place: a shrinking batch keeps a view of its first rows
