@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.config import Config, DecodeConfig, to_dict
+from aiayn.config import Config, DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.search import BOS_ID, EOS_ID, PAD_ID, SearchHypothesis, search
@@ -263,25 +263,9 @@ def _pad(seqs: list[list[int]]) -> Tensor:
 
 
 def _load_average(model: Transformer, cfg: Config, paths: Sequence[str | Path], ckpt_io: Any) -> None:
-    """Replace ``model``'s weights with the element-wise mean over ``paths`` (float64 sums)."""
-    dirs = [ckpt_io.resolve_checkpoint(p) for p in paths]
-    total: dict[str, Tensor] = {}
-    for d in dirs:
-        ckpt_io.verify_checkpoint(d)
-        other = ckpt_io.load_checkpoint_config(d)
-        if to_dict(other.model) != to_dict(cfg.model):
-            raise CheckpointError(f"{d}: a different model configuration than {dirs[-1]}; only "
-                                  "checkpoints of one model can be averaged")
-        tensors = ckpt_io.read_model_weights(d / ckpt_io.MODEL_FILE)
-        if total and set(tensors) != set(total):
-            raise CheckpointError(f"{d}: its weight names differ from {dirs[0]}")
-        for name, t in tensors.items():
-            if t.is_floating_point():
-                total[name] = t.double() if name not in total else total[name] + t.double()
-            else:
-                total[name] = t
-    state = model.state_dict()
-    averaged = {name: (total[name] / len(dirs)).to(state[name].dtype) if total[name].is_floating_point()
-                else total[name] for name in state}
+    """Replace ``model``'s weights with the element-wise mean over ``paths``."""
+    from aiayn.training.average import average_weights
+
+    averaged, _, dirs = average_weights(list(paths))
     model.load_state_dict(averaged, strict=True)
     log.info("averaged the weights of %d checkpoints", len(dirs))

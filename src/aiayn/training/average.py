@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.config import to_dict
+from aiayn.config import Config, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.training import checkpoint as ckpt_io
 
@@ -37,20 +37,13 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     return found[-n:]
 
 
-def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
-    """Average the weights of ``paths`` (checkpoint directories) into checkpoint ``out``.
-
-    The configuration and tokenizer come from the last checkpoint; all must describe the
-    same model. The result has no optimizer state (it is for decoding, or ``init_from``).
-    """
-    from aiayn.model import build_model
-
+def average_weights(paths: list[str | Path]) -> tuple[dict[str, torch.Tensor], Config, list[Path]]:
+    """Element-wise mean (float64 sums) of the weights of ``paths``, with the configuration
+    of the last one; all must describe the same model. Used by ``aiayn average`` and by
+    ``Translator.from_checkpoint`` given several paths."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     dirs = [ckpt_io.resolve_checkpoint(p) for p in paths]
-    out = Path(out).resolve()
-    if any(d.resolve() == out for d in dirs):
-        raise CheckpointError(f"{out}: the output would overwrite one of the inputs")
     cfg = ckpt_io.load_checkpoint_config(dirs[-1])
     total: dict[str, torch.Tensor] = {}
     reference: dict[str, torch.Tensor] = {}
@@ -72,6 +65,23 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
             reference[name] = t
     averaged = {name: (total[name] / len(dirs)).to(reference[name].dtype) if name in total
                 else reference[name] for name in reference}
+    return averaged, cfg, dirs
+
+
+def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
+    """Average the weights of ``paths`` (checkpoint directories) into checkpoint ``out``.
+
+    The configuration and tokenizer come from the last checkpoint; all must describe the
+    same model. The result has no optimizer state (it is for decoding, or ``init_from``).
+    """
+    from aiayn.model import build_model
+
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    out = Path(out).resolve()
+    if any(ckpt_io.resolve_checkpoint(p).resolve() == out for p in paths):
+        raise CheckpointError(f"{out}: the output would overwrite one of the inputs")
+    averaged, cfg, dirs = average_weights(paths)
     model = build_model(cfg.model)
     model.load_state_dict(averaged, strict=True)
     states = [ckpt_io.read_state(d) for d in dirs]
