@@ -164,18 +164,8 @@ def main() -> None:
     reference = {"hf fp32": ok.get(("hf", "fp32"), 0.0), "ct2 f32": ok.get(("ctranslate2", "float32"), 0.0),
                  "ct2 int8": ok.get(("ctranslate2", "int8"), 0.0)}
     W.print_table("beam-4 decoding, base, 64 x 40 generated tokens, 2 threads", rows, reference)
-    bf16, fp32 = W.matmul_gflops(torch.bfloat16), W.matmul_gflops(torch.float32)
-    flop_per_token = 330e6  # from the CPU-performance issue: decoding cost per generated token
-    print(f"\nmatmul ceiling: bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s; "
-          f"limit ~{bf16 * 1e9 / flop_per_token:.0f} tok/s (bf16), ~{fp32 * 1e9 / flop_per_token:.0f} (fp32)")
-    for (system, dtype), tps in ok.items():
-        if system == "aiayn":
-            peak = bf16 if dtype == "bf16" else fp32
-            print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": W.machine(), "matmul_gflops": {"bf16": bf16, "fp32": fp32},
-                                               "rows": rows}, indent=2))
-
+    # decoding cost per generated token, from the CPU-performance issue
+    W.report_ceiling(ok, rows, flop_per_token=330e6, json_path=args.json)
 
 if __name__ == "__main__":
     main()

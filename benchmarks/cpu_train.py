@@ -143,18 +143,8 @@ def main() -> None:
     ok = {(r["system"], r["dtype"]): r["tokens_per_s"] for r in rows if not r.get("skipped")}
     reference = {"nn bf16": ok.get(("nn.Transformer", "bf16"), 0.0), "hf fp32": ok.get(("hf", "fp32"), 0.0)}
     W.print_table("training step, base, 4,096 target tokens, 2 threads", rows, reference)
-    bf16, fp32 = W.matmul_gflops(torch.bfloat16), W.matmul_gflops(torch.float32)
-    flop_per_token = 366e6  # from the CPU-performance issue: training step cost per target token
-    print(f"\nmatmul ceiling: bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s; "
-          f"limit ~{bf16 * 1e9 / flop_per_token:.0f} tok/s (bf16), ~{fp32 * 1e9 / flop_per_token:.0f} (fp32)")
-    for (system, dtype), tps in ok.items():
-        if system == "aiayn":
-            peak = bf16 if dtype == "bf16" else fp32
-            print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": W.machine(), "matmul_gflops": {"bf16": bf16, "fp32": fp32},
-                                               "rows": rows}, indent=2))
-
+    # training step cost per target token, from the CPU-performance issue
+    W.report_ceiling(ok, rows, flop_per_token=366e6, json_path=args.json)
 
 if __name__ == "__main__":
     main()

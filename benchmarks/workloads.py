@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -135,3 +136,18 @@ def print_table(title: str, rows: list[dict], reference: dict[str, float]) -> No
         for n in names:
             line += f"{r['tokens_per_s'] / reference[n]:>18.2f}" if reference[n] else f"{'-':>18}"
         print(line)
+
+
+def report_ceiling(ok: dict[tuple[str, str], float], rows: list[dict], flop_per_token: float,
+                   json_path: str | None) -> None:
+    """Print the measured matmul ceilings and aiayn's fraction of them; write the JSON rows."""
+    bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
+    print(f"\nmatmul ceiling: bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s; "
+          f"limit ~{bf16 * 1e9 / flop_per_token:.0f} tok/s (bf16), ~{fp32 * 1e9 / flop_per_token:.0f} (fp32)")
+    for (system, dtype), tps in ok.items():
+        if system == "aiayn":
+            peak = bf16 if dtype == "bf16" else fp32
+            print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
+    if json_path:
+        Path(json_path).write_text(json.dumps({"machine": machine(), "matmul_gflops": {"bf16": bf16, "fp32": fp32},
+                                               "rows": rows}, indent=2))
