@@ -111,7 +111,7 @@ def run_ct2(root: Path, quant: str, runs: int) -> tuple[list[float], list[list[i
 
 
 def run_one(root: Path, system: str, dtype: str, runs: int) -> dict:
-    W.setup_threads()
+    W.setup_process(system)
     if system == "aiayn":
         seconds, out = run_aiayn(root, dtype, runs)
     elif system == "hf":
@@ -127,14 +127,12 @@ def run_one(root: Path, system: str, dtype: str, runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one timed run per system (smoke check)")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--json", help="write the rows as JSON here")
+    W.add_common_args(ap)
     ap.add_argument("--systems", default="aiayn,hf,ctranslate2")
     ap.add_argument("--workdir", help="where the converted models are kept (default: a temporary dir)")
     ap.add_argument("--one", nargs=3, metavar=("ROOT", "SYSTEM", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    runs = 1 if args.quick else args.runs
+    runs = W.apply_common_args(args)
     if args.one:
         root, system, dtype = args.one
         print(json.dumps(run_one(Path(root), system, dtype, runs)))

@@ -32,16 +32,17 @@ def _loss(logits: torch.Tensor, tgt_out: torch.Tensor) -> torch.Tensor:
 def build_aiayn(dtype: str):
     from aiayn.config import TrainConfig, model_preset
     from aiayn.model import build_model
-    from aiayn.training.loss import label_smoothed_nll_loss  # the trainer's own loss and optimizer
+    from aiayn.training.loss import projected_label_smoothed_loss  # the trainer's own loss and optimizer
     from aiayn.training.optim import build_optimizer
 
     model = build_model(model_preset("base", src_vocab_size=W.VOCAB, tgt_vocab_size=W.VOCAB)).train()
     opt = build_optimizer(model, TrainConfig(lr=1e-4))
 
-    def step(src, tgt_in, tgt_out):
+    def step(src, tgt_in, tgt_out):  # as Trainer.train_step: projection fused with the loss
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-            logits = model(src, tgt_in)
-        loss = label_smoothed_nll_loss(logits, tgt_out, 0.1, W.PAD)[0]
+            states = model(src, tgt_in, project=False)
+            loss = projected_label_smoothed_loss(states, model.output_weight, model.output_bias, tgt_out,
+                                                 0.1, W.PAD)[0]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -107,7 +108,7 @@ BUILDERS = {"aiayn": build_aiayn, "nn.Transformer": build_nn, "hf": build_hf}
 
 
 def run_one(system: str, dtype: str, runs: int) -> dict:
-    W.setup_threads()
+    W.setup_process(system)
     torch.manual_seed(W.SEED)
     step = BUILDERS[system](dtype)
     src, tgt_in, tgt_out = W.train_batch()
@@ -120,13 +121,11 @@ def run_one(system: str, dtype: str, runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one timed run per system (smoke check)")
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--json", help="write the rows as JSON here")
+    W.add_common_args(ap)
     ap.add_argument("--systems", default="aiayn,nn.Transformer,hf")
     ap.add_argument("--one", nargs=2, metavar=("SYSTEM", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    runs = 1 if args.quick else args.runs
+    runs = W.apply_common_args(args)
     if args.one:
         print(json.dumps(run_one(*args.one, runs)))
         return

@@ -38,6 +38,31 @@ def setup_threads() -> None:
     torch.set_num_threads(THREADS)
 
 
+def setup_process(system: str) -> None:
+    """Threads, and for aiayn the allocator setting its `aiayn` command applies
+    (aiayn.runtime.tune_allocator). ``--peers-malloc`` (env AIAYN_BENCH_PEERS_MALLOC=1)
+    gives the peers the same setting, to separate the allocator's share of the gap."""
+    setup_threads()
+    if system == "aiayn" or os.environ.get("AIAYN_BENCH_PEERS_MALLOC") == "1":
+        from aiayn.runtime import tune_allocator
+        tune_allocator()
+
+
+def add_common_args(ap) -> None:
+    ap.add_argument("--quick", action="store_true", help="one timed run per system (smoke check)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--peers-malloc", action="store_true",
+                    help="apply aiayn's allocator setting (aiayn.runtime) to the peers too")
+
+
+def apply_common_args(args) -> int:
+    """Runs per system; exports --peers-malloc to the per-system processes."""
+    if args.peers_malloc:
+        os.environ["AIAYN_BENCH_PEERS_MALLOC"] = "1"
+    return 1 if args.quick else args.runs
+
+
 def train_batch(seed: int = SEED) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """src (128, 32), tgt_in (128, 32) = BOS + y, tgt_out (128, 32) = y + EOS; no padding."""
     g = torch.Generator().manual_seed(seed)

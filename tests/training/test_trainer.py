@@ -69,13 +69,13 @@ def test_fp16_needs_cuda(make_cfg):
 
 
 def _poison(tr, from_call):
-    """Make the model's logits NaN from the `from_call`-th forward on."""
+    """Make the model's outputs NaN from the `from_call`-th forward on."""
     real = tr.forward_model
     calls = {"n": 0}
 
-    def forward(src, tgt_in):
+    def forward(src, tgt_in, **kwargs):
         calls["n"] += 1
-        out = real(src, tgt_in)
+        out = real(src, tgt_in, **kwargs)
         return out * float("nan") if calls["n"] >= from_call else out
 
     tr.forward_model = forward
@@ -155,11 +155,11 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
     real = tr.forward_model
     calls = {"n": 0}
 
-    def forward(src, tgt_in):
+    def forward(src, tgt_in, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             os.kill(os.getpid(), signal.SIGTERM)  # as a cluster scheduler does
-        return real(src, tgt_in)
+        return real(src, tgt_in, **kwargs)
 
     tr.forward_model = forward
     summary = tr.train()

@@ -11,6 +11,7 @@ import logging
 import sys
 
 from aiayn.errors import AiaynError
+from aiayn.runtime import tune_allocator
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    tune_allocator()  # before the first large tensor; AIAYN_MALLOC=system opts out
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.model.dropout import dropout
+
 
 def scaled_dot_product_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, is_causal: bool = False,
@@ -38,7 +40,7 @@ def scaled_dot_product_attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-    dropped = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    dropped = dropout(probs, dropout_p) if dropout_p > 0 else probs
     return torch.matmul(dropped, v), (probs if need_weights else None)
 
 

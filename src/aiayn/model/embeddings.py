@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from aiayn.model.dropout import Dropout
+
 
 def sinusoid_table(n_positions: int, d_model: int, layout: str = "interleaved") -> Tensor:
     """The fixed encodings of section 3.5, shape (n_positions, d_model).
@@ -49,7 +51,7 @@ class PositionalEncoding(nn.Module):
             nn.init.normal_(self.learned.weight, mean=0.0, std=d_model**-0.5)
         else:
             raise ValueError(f"unknown positions {kind!r}")
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def encodings(self, start: int, length: int) -> Tensor:
         """Positions start .. start+length-1, shape (length, d_model)."""

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.cache import KVCache
+from aiayn.model.dropout import Dropout
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -31,7 +32,7 @@ class PositionwiseFeedForward(nn.Module):
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
         for lin in (self.w_1, self.w_2):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -47,7 +48,7 @@ class _Sublayers(nn.Module):
     def __init__(self, norm: str, dropout: float) -> None:
         super().__init__()
         self.pre_norm = norm == "pre"
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def residual(self, x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.pre_norm:

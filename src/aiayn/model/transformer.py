@@ -54,10 +54,14 @@ class Transformer(nn.Module):
         """(B, S) ids -> (B, 1, 1, S) bool, True on real (non-pad) tokens."""
         return (src != self.pad_id)[:, None, None, :]
 
+    @property
+    def output_weight(self) -> Tensor:
+        """The pre-softmax projection (V, D): the target embedding when tied."""
+        return self.tgt_embed.weight if self.output_projection is None else self.output_projection.weight
+
     def project(self, h: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits (..., V)."""
-        weight = self.tgt_embed.weight if self.output_projection is None else self.output_projection.weight
-        return F.linear(h, weight, self.output_bias)
+        return F.linear(h, self.output_weight, self.output_bias)
 
     # --------------------------------------------------------------- full pass
 
@@ -72,10 +76,12 @@ class Transformer(nn.Module):
         return x, mask
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor,
-               need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+               need_attn: bool = False, project: bool = True) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced decoder. tgt_in (B, T) -> logits (B, T, V).
 
-        With ``need_attn``, also the cross-attention weights (B, L, H, T, S).
+        With ``need_attn``, also the cross-attention weights (B, L, H, T, S). With
+        ``project=False``, the final decoder states (B, T, D) instead of logits (the trainer
+        fuses the projection with the loss: training.loss.projected_label_smoothed_loss).
         """
         y = self.tgt_positions(self.tgt_embed(tgt_in))
         attn = []
@@ -84,12 +90,13 @@ class Transformer(nn.Module):
             attn.append(w)
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        return self.project(y), (torch.stack(attn, dim=1) if need_attn else None)
+        out = self.project(y) if project else y
+        return out, (torch.stack(attn, dim=1) if need_attn else None)
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src (B, S), tgt_in (B, T) -> logits (B, T, V)."""
+    def forward(self, src: Tensor, tgt_in: Tensor, project: bool = True) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V), or states (B, T, D) without ``project``."""
         memory, mask = self.encode(src)
-        return self.decode(tgt_in, memory, mask)[0]
+        return self.decode(tgt_in, memory, mask, project=project)[0]
 
     # -------------------------------------------------------- incremental pass
 

@@ -49,7 +49,7 @@ from aiayn.training.distributed import (
     cleanup,
     init_distributed,
 )
-from aiayn.training.loss import label_smoothed_nll_loss
+from aiayn.training.loss import projected_label_smoothed_loss
 from aiayn.training.metrics import MetricsLog, perplexity
 from aiayn.training.optim import build_optimizer, set_lr
 from aiayn.training.schedule import make_schedule
@@ -210,9 +210,11 @@ class Trainer:
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
                 with self._autocast():
-                    logits = self.forward_model(batch.src, batch.tgt_in)  # (B, T, V)
-                loss, nll = label_smoothed_nll_loss(
-                    logits, batch.tgt_out, self.tc.label_smoothing, ignore_index=self.pad_id)
+                    # decoder states (B, T, D); the projection to V is fused with the loss
+                    states = self.forward_model(batch.src, batch.tgt_in, project=False)
+                    loss, nll = projected_label_smoothed_loss(
+                        states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
+                        self.tc.label_smoothing, ignore_index=self.pad_id)
                 self.scaler.scale(loss * scale).backward()
             loss_acc += loss.detach().double()
             nll_acc += nll.detach().double()
@@ -276,9 +278,10 @@ class Trainer:
             for batch in self.valid_batches:
                 batch = batch.to(self.device)
                 with self._autocast():
-                    logits = self.model(batch.src, batch.tgt_in)
-                loss, nll = label_smoothed_nll_loss(
-                    logits, batch.tgt_out, self.tc.label_smoothing, ignore_index=self.pad_id)
+                    states = self.model(batch.src, batch.tgt_in, project=False)
+                    loss, nll = projected_label_smoothed_loss(
+                        states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
+                        self.tc.label_smoothing, ignore_index=self.pad_id)
                 loss_sum += float(loss)
                 nll_sum += float(nll)
                 tokens += int(batch.n_tgt_tokens)
