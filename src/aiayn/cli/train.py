@@ -29,6 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"),
                    help="mixed precision: bf16 autocast (CPU/CUDA), fp16 + grad scaler (CUDA)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="train.device")
+    p.add_argument("--init-from", metavar="CHECKPOINT",
+                   help="train.init_from: start from these weights (e.g. an `aiayn import hf` checkpoint)")
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved configuration and exit")
     p.add_argument("overrides", nargs="*", metavar="section.key=value",
@@ -58,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"train.dtype={args.dtype}")
     if args.device:
         overrides.append(f"train.device={args.device}")
+    if args.init_from:
+        overrides.append(f"train.init_from={args.init_from}")
     run_dir = Path(args.run_dir) if args.run_dir else None
     if args.config:
         cfg = load_config(args.config, overrides)
