@@ -13,6 +13,8 @@ exactly as with ``nn.Dropout``. On GPUs ``F.dropout`` (Philox, fused) is used un
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,9 +24,7 @@ _LEVELS = 1 << 16
 
 def drop_mask(shape: torch.Size, p: float, device: torch.device) -> Tensor:
     """Bool tensor of ``shape``, True where an element is dropped (probability ~p)."""
-    n = 1
-    for s in shape:
-        n *= s
+    n = math.prod(shape)
     draws = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), None)
     u = draws.view(torch.int16)[:n].view(shape)  # uniform on [-32768, 32767]
     return u < round(p * _LEVELS) - (_LEVELS // 2)

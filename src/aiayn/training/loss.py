@@ -108,6 +108,7 @@ class _ProjectedLoss(torch.autograd.Function):
         nll = torch.zeros((), dtype=torch.float32, device=h.device)
         if need_grad:
             w32 = weight.float()
+            w_colsum = w32.sum(0)  # (D,): the constant -eps_i of d loss / d z, times the weight
             grad_h = torch.empty_like(h_all, dtype=torch.float32)
             grad_w = torch.zeros_like(w32)
             grad_b = torch.zeros(vocab, dtype=torch.float32, device=h.device) if bias is not None else None
@@ -136,12 +137,11 @@ class _ProjectedLoss(torch.autograd.Function):
             kf = keep[:, None].to(torch.float32)
             gh = torch.mm(p, w).float().mul_(c)  # (c, D)
             if eps_i > 0:
-                gh -= eps_i * w32.sum(0)
+                gh -= eps_i * w_colsum
             gh -= a * w32[tc]
             grad_h[rows] = gh * kf
-            hk = hc * (keep[:, None] * c).to(hc.dtype)  # padding rows contribute nothing
-            grad_w += torch.mm(p.t(), hk)
-            hk32 = hc.float() * kf
+            hk32 = hc.float() * kf  # padding rows contribute nothing
+            grad_w += torch.mm(p.t(), (hk32 * c).to(hc.dtype))
             h_sum += hk32.sum(0)
             grad_w.index_add_(0, tc, hk32, alpha=-a)
             if grad_b is not None:

@@ -193,6 +193,15 @@ class Trainer:
             return torch.nn.utils.get_total_norm(grads)
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
+    def _loss(self, forward: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed smoothed loss and NLL of a batch. ``forward`` gives the decoder states
+        (B, T, D); the projection to the vocabulary is fused with the loss."""
+        with self._autocast():
+            states = forward(batch.src, batch.tgt_in, project=False)
+            return projected_label_smoothed_loss(
+                states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
+                self.tc.label_smoothing, ignore_index=self.pad_id)
+
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
         self.model.train()
@@ -209,12 +218,7 @@ class Trainer:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
-                with self._autocast():
-                    # decoder states (B, T, D); the projection to V is fused with the loss
-                    states = self.forward_model(batch.src, batch.tgt_in, project=False)
-                    loss, nll = projected_label_smoothed_loss(
-                        states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
-                        self.tc.label_smoothing, ignore_index=self.pad_id)
+                loss, nll = self._loss(self.forward_model, batch)
                 self.scaler.scale(loss * scale).backward()
             loss_acc += loss.detach().double()
             nll_acc += nll.detach().double()
@@ -277,11 +281,7 @@ class Trainer:
             tokens = 0
             for batch in self.valid_batches:
                 batch = batch.to(self.device)
-                with self._autocast():
-                    states = self.model(batch.src, batch.tgt_in, project=False)
-                    loss, nll = projected_label_smoothed_loss(
-                        states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
-                        self.tc.label_smoothing, ignore_index=self.pad_id)
+                loss, nll = self._loss(self.model, batch)
                 loss_sum += float(loss)
                 nll_sum += float(nll)
                 tokens += int(batch.n_tgt_tokens)
