@@ -222,7 +222,7 @@ class TrainConfig:
     # Stopping: whichever comes first; 0 means no limit.
     max_steps: int = 100_000
     max_epochs: int = 0
-    max_time_minutes: float = 0.0
+    max_time_minutes: float = 0.0  # a budget: stops before an update that would pass it
     # Optimizer (section 5.3): Adam, beta1 0.9, beta2 0.98, eps 1e-9.
     optimizer: str = "adam"  # adam | adamw
     adam_betas: tuple[float, float] = (0.9, 0.98)

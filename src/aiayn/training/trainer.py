@@ -475,6 +475,7 @@ class Trainer:
         interval = _Interval()
         stop_reason: str | None = None
         trained = False
+        finish_seconds = 0.0  # the last validate-and-save: the final one happens after the budget check
         bar = self._progress_bar()
         n_params = sum(p.numel() for p in self.params)
         # Only the main process holds the validation set; every process must know whether
@@ -498,7 +499,11 @@ class Trainer:
                     if not group:
                         stop_reason = "max_epochs"
                         break
+                    step_start = time.monotonic()
                     result = self.train_step(group)
+                    # The budget check below stops before an update (plus the final
+                    # validation and save) that would end past max_time: no overshoot.
+                    group_seconds = time.monotonic() - step_start
                     if self.nonfinite_consecutive >= tc.max_nonfinite:
                         stop_reason = "diverged"
                         break
@@ -517,7 +522,7 @@ class Trainer:
                         interval = _Interval()
                     now = time.monotonic()
                     time_over = bool(tc.max_time_minutes) and \
-                        self.elapsed() >= tc.max_time_minutes * 60
+                        self.elapsed() + group_seconds + finish_seconds >= tc.max_time_minutes * 60
                     time_save = bool(tc.save_every_minutes) and \
                         now - last_time_save >= tc.save_every_minutes * 60
                     time_over, time_save, signalled = self._agree(
@@ -532,6 +537,7 @@ class Trainer:
                     if final and interval.steps:
                         self._log_train(interval, result.lr, bar)
                     valid_now = has_valid and (self.step % tc.valid_every == 0 or final)
+                    block_start = time.monotonic()
                     is_best = self._maybe_validate() if valid_now else False
                     save_now = (bool(tc.save_every) and self.step % tc.save_every == 0) \
                         or time_save or final
@@ -542,6 +548,8 @@ class Trainer:
                         if save_now or is_best:
                             self.save(is_best=is_best)
                             last_time_save = time.monotonic()
+                        if valid_now:
+                            finish_seconds = time.monotonic() - block_start
                     if final:
                         break
             if stop_reason == "diverged":
