@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 from pathlib import Path
@@ -240,6 +241,14 @@ def test_imported_checkpoint_translates_with_the_aiayn_translator(tmp_path: Path
                                 do_sample=False, max_length=22)
     assert [[rows[i] for i in r.best.tokens] for r in results] == helpers.hf_generated(seq, 0)
     assert [r.best.text for r in results] == [tr.tokenizer.decode_tgt(r.best.tokens) for r in results]
+    if importlib.util.find_spec("fastapi") is not None:  # the 'serve' extra
+        from fastapi.testclient import TestClient
+
+        from aiayn.serving.app import create_app
+
+        with TestClient(create_app(tr)) as client:
+            r = client.post("/v1/translate", json={"texts": texts, "beam": 1, "max_len_a": 0.0, "max_len_b": 20})
+        assert r.status_code == 200 and r.json()["translations"] == [r.best.text for r in results]
 
 
 def test_imported_model_fine_tunes_from_the_command_line(tmp_path: Path, helpers,

@@ -197,3 +197,43 @@ def test_reorder_within_sentences_leaves_cross_attention() -> None:
         a, _ = model.decode_step(tgt[grow, 2], caches[0])
         b, _ = model.decode_step(tgt[grow, 2], caches[1])
     assert torch.equal(a, b)
+
+
+def test_beam_rows_share_one_copy_of_cross_attention_keys() -> None:
+    """Rows in equal runs of one source (beam search's layout) attend over one copy of that
+    source's keys/values; any other order falls back to a copy per row. Either way the
+    logits and attention equal the full decoder's."""
+    model = _model()
+    src, tgt = _batch()
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        full, full_attn = model.decode(tgt, memory, mask, need_attn=True)
+        cache = model.init_cache(memory, mask, max_len=8)
+        model.decode_step(tgt[:, 0], cache)
+        rows = torch.arange(3)
+        for t, (index, group, copies) in enumerate([
+            ([0, 0, 1, 1, 2, 2], 2, 3),  # beams created: 2 rows per sentence, 3 copies
+            ([2, 3, 5, 4], 2, 2),  # sentence 0 done; beams swapped within sentence 2
+            ([3, 0], 1, 2),  # sentence 2, then 1: one row each
+            ([1, 1, 1], 3, 1),  # one sentence, three rows
+        ], start=1):
+            rows = rows[torch.tensor(index)]
+            cache.reorder(torch.tensor(index))
+            assert (cache.group_size, cache.layers[0].cross_k.size(0)) == (group, copies)
+            step, attn = model.decode_step(tgt[rows, t], cache, need_attn=True)
+            assert (step - full[rows, t]).abs().max() <= 1e-5
+            assert (attn - full_attn[rows, :, :, t]).abs().max() <= 1e-5
+
+
+def test_fused_qkv_projection_follows_weight_updates() -> None:
+    attn = _model().decoder_layers[0].self_attn
+    x = torch.randn(2, 3, attn.w_q.in_features)
+    with torch.no_grad():
+        separate = (attn.split_heads(attn.w_q(x)), *attn.project_kv(x))
+        fused = attn.project_qkv(x)  # one matmul without autograd
+        for a, b in zip(fused, separate):
+            assert (a - b).abs().max() <= 1e-6
+        attn.w_k.weight.add_(1.0)  # in place: the fused weight must be rebuilt
+        moved = attn.project_qkv(x)
+    assert (moved[1] - attn.project_kv(x)[0]).abs().max() <= 1e-5
+    assert torch.equal(moved[0], fused[0])

@@ -15,12 +15,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Serve a checkpoint over HTTP: POST /v1/translate, GET /v1/model, /health, /metrics, "
                     "the attention page at / and the OpenAPI docs at /docs. Needs the 'serve' extra "
                     "(pip install 'aiayn[serve]').")
-    p.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--checkpoint", help="checkpoint or run directory")
+    model.add_argument("--ctranslate2", metavar="DIR",
+                       help="a model exported with 'aiayn export ctranslate2' (needs the 'interop' extra)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="inference dtype")
+    p.add_argument("--compute-type", default="default",
+                   help="with --ctranslate2: CTranslate2's compute type (default: as exported; int8, "
+                        "int8_float32, float32, bfloat16, ...)")
     lim = p.add_argument_group("request limits")
     lim.add_argument("--max-texts", type=int, default=64, help="texts per request (default 64)")
     lim.add_argument("--max-chars", type=int, default=2000, help="characters per text (default 2000)")
@@ -62,6 +68,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _translator(args: argparse.Namespace, device: str):
+    if args.ctranslate2:
+        from aiayn.interop.ct2_translator import CTranslate2Translator
+
+        # CTranslate2 names GPUs "cuda" and takes the index separately.
+        return CTranslate2Translator(args.ctranslate2, device=device.split(":")[0],
+                                     compute_type=args.compute_type, threads=max(args.threads, 0))
+    from aiayn.inference.translator import Translator
+
+    return Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
     try:
@@ -73,19 +91,18 @@ def run(args: argparse.Namespace) -> int:
                          "pip install 'aiayn[serve]'") from None
     import torch
 
-    from aiayn.inference.translator import Translator
-
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
+    translator = _translator(args, device)
     settings = ServeSettings(
         max_texts=args.max_texts, max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
         queue_size=args.queue_size, batch_window_ms=args.batch_window_ms, max_batch_tokens=args.max_batch_tokens,
         max_batch_sentences=args.max_batch_sentences, batching=not args.no_batching,
-        checkpoint=str(args.checkpoint), device=device, dtype=args.dtype)
+        checkpoint=str(args.checkpoint or args.ctranslate2), device=device,
+        dtype=f"ctranslate2 {translator.compute_type}" if args.ctranslate2 else args.dtype)
     app = create_app(translator, settings)
     if not _is_loopback(args.host):
         print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from aiayn.config import Config, save_config
 from aiayn.interop.hf_marian import (
     BOS,
     InteropError,
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16",
                  "float32")
 SUPPRESS_BIAS = -1e4
+CONFIG_FILE = "aiayn_config.yaml"  # read by aiayn.interop.ct2_translator
 
 
 def _loader_class() -> type:
@@ -117,13 +119,17 @@ def _converter(hf_dir: Path) -> Any:
 
 
 def convert_hf_dir(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, quantization: str | None = None,
-                   force: bool = False) -> Path:
-    """Convert an aiayn HF Marian export (see :func:`aiayn.interop.export_hf`) to CTranslate2."""
+                   force: bool = False, config: Config | None = None) -> Path:
+    """Convert an aiayn HF Marian export (see :func:`aiayn.interop.export_hf`) to CTranslate2.
+    ``config``: the checkpoint's, saved beside the model as ``aiayn_config.yaml`` (decoding
+    defaults and limits for ``aiayn serve --ctranslate2``)."""
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise InteropError(f"quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
     hf_dir = Path(hf_dir)
     with output_dir(out_dir, force) as tmp:
         _converter(hf_dir).convert(str(tmp), quantization=quantization, force=True)
+        if config is not None:
+            save_config(config, tmp / CONFIG_FILE)
     return Path(out_dir)
 
 
@@ -137,7 +143,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     model, cfg, tokenizer = load_for_export(checkpoint)
     with tempfile.TemporaryDirectory(prefix="aiayn-hf-") as tmp:
         save_hf_dir(model, cfg, tokenizer, Path(tmp), warn_generation=False)
-        convert_hf_dir(tmp, out_dir, quantization, force)
+        convert_hf_dir(tmp, out_dir, quantization, force, config=cfg)
     log.info("exported %s to CTranslate2 model %s (%s)", checkpoint, out_dir, quantization or "float32")
     return Path(out_dir)
 

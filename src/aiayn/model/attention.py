@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.model.derived import derived
 from aiayn.model.dropout import dropout
 
 
@@ -45,7 +46,10 @@ def scaled_dot_product_attention(
 
 
 def _explicit_is_faster(q: Tensor) -> bool:
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    # A decoding step's few queries (1 per row; a beam's K over shared cross-attention keys)
+    # are the fused kernel's good case on the CPU too: no score matrix, no copies of the
+    # cache's strided keys (2-3x faster than the two matmuls, docs/benchmarks.md).
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.size(-2) > 16
 
 
 class MultiHeadAttention(nn.Module):
@@ -74,12 +78,35 @@ class MultiHeadAttention(nn.Module):
         """Keys and values of x: (B, S, D) -> 2 x (B, H, S, d_k). Cached by the decoder."""
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
 
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of x (B, T, D) -> 3 x (B, H, T, d_k).
+
+        Without autograd (decoding) this is one matmul with W_Q, W_K, W_V side by side: a
+        step's three small matmuls cost more than one three times as wide on a CPU.
+        """
+        if torch.is_grad_enabled():
+            return self.split_heads(self.w_q(x)), *self.project_kv(x)
+        weight, bias = self._fused_qkv()
+        q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+
+    def _fused_qkv(self) -> tuple[Tensor, Tensor]:
+        lins = (self.w_q, self.w_k, self.w_v)
+        return derived(self, "_qkv", tuple(t for lin in lins for t in (lin.weight, lin.bias)),
+                       lambda: (torch.cat([lin.weight for lin in lins]), torch.cat([lin.bias for lin in lins])))
+
     def attend(
         self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         is_causal: bool = False, need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Queries from x (B, T, D) over given keys/values -> (B, T, D), weights (B, H, T, S)."""
-        q = self.split_heads(self.w_q(x))  # (B, H, T, d_k)
+        return self.attend_heads(self.split_heads(self.w_q(x)), k, v, mask, is_causal, need_weights)
+
+    def attend_heads(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+        is_causal: bool = False, need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Projected queries q (B, H, T, d_k) over keys/values -> (B, T, D), weights (B, H, T, S)."""
         p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal, p, need_weights)
         b, _, t, _ = out.shape
@@ -91,5 +118,7 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False, need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """Self-attention (memory None) or attention over memory (B, S, D)."""
-        k, v = self.project_kv(x if memory is None else memory)
+        if memory is None:
+            return self.attend_heads(*self.project_qkv(x), mask, is_causal, need_weights)
+        k, v = self.project_kv(memory)
         return self.attend(x, k, v, mask, is_causal, need_weights)

@@ -5,6 +5,17 @@ of ``max_len`` positions that fills one step at a time; cross-attention keys/val
 computed once from the encoder output and reused at every step. Beam search calls
 :meth:`KVCache.reorder` to follow the surviving hypotheses (and to drop finished
 sentences: the index may be shorter than the batch).
+
+Two things keep a beam step cheap on a CPU (measured in docs/benchmarks.md):
+
+* **Cross-attention keys/values are stored once per source**, not once per row. Beam
+  search keeps a sentence's K rows together, so the rows form ``groups`` of equal size
+  that share one encoder output; the decoder attends with the group's rows as K queries
+  over one copy of the keys (:meth:`KVCache.group_size`). Any other row order falls back
+  to one copy per row.
+* **The self-attention buffers are double-buffered**: a reorder gathers the filled prefix
+  into the spare buffer (one ``index_select`` into place) and swaps, instead of copying
+  rows within one buffer.
 """
 
 from __future__ import annotations
@@ -17,20 +28,38 @@ from torch import Tensor
 
 @dataclass
 class LayerCache:
-    self_k: Tensor  # (B, H, max_len, d_k)
-    self_v: Tensor  # (B, H, max_len, d_k)
-    cross_k: Tensor  # (B, H, S, d_k)
-    cross_v: Tensor  # (B, H, S, d_k)
+    self_k: Tensor  # (R, H, max_len, d_k)
+    self_v: Tensor  # (R, H, max_len, d_k)
+    cross_k: Tensor  # (N, H, S, d_k): one per source group (N = R / group_size)
+    cross_v: Tensor  # (N, H, S, d_k)
+    spare_k: Tensor | None = None  # the other half of the double buffer (>= R rows)
+    spare_v: Tensor | None = None
+
+
+def _grouping(sources: Tensor) -> tuple[Tensor, int] | None:
+    """Rows' source indices (R,) -> (one source per group, group size) when the rows come
+    in equal runs of the same source (e.g. [4, 4, 4, 7, 7, 7]); None otherwise."""
+    rows = sources.numel()
+    if rows == 0:
+        return None
+    n_runs = int((sources[1:] != sources[:-1]).sum()) + 1
+    if rows % n_runs:
+        return None
+    groups = sources.view(n_runs, rows // n_runs)
+    if not bool((groups == groups[:, :1]).all()):
+        return None
+    return groups[:, 0], rows // n_runs
 
 
 class KVCache:
     """Per-layer keys/values plus the source mask; ``length`` target steps are filled."""
 
-    def __init__(self, layers: list[LayerCache], src_mask: Tensor, max_len: int) -> None:
+    def __init__(self, layers: list[LayerCache], src_mask: Tensor, max_len: int, group_size: int = 1) -> None:
         self.layers = layers
-        self.src_mask = src_mask  # (B, 1, 1, S) bool, True on real source tokens
+        self.src_mask = src_mask  # (N, 1, 1, S) bool, True on real source tokens; one per group
         self.max_len = max_len
         self.length = 0
+        self.group_size = group_size  # consecutive rows sharing one source (cross K/V, mask)
 
     @classmethod
     def allocate(cls, cross_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
@@ -48,10 +77,11 @@ class KVCache:
 
     @property
     def batch_size(self) -> int:
-        return self.src_mask.size(0)
+        """Rows (hypotheses), i.e. the decoder's batch."""
+        return self.layers[0].self_k.size(0) if self.layers else self.src_mask.size(0) * self.group_size
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store one step's keys/values (B, H, 1, d_k); return all filled (B, H, t+1, d_k)."""
+        """Store one step's keys/values (R, H, 1, d_k); return all filled (R, H, t+1, d_k)."""
         if self.length >= self.max_len:
             raise RuntimeError(f"KV cache full: max_len={self.max_len} steps")
         c = self.layers[layer]
@@ -63,39 +93,44 @@ class KVCache:
         self.length += 1
 
     def reorder(self, index: Tensor, same_sources: bool = False) -> None:
-        """Keep batch rows ``index`` (B',) in that order, e.g. beam parents.
+        """Keep rows ``index`` (R',) in that order, e.g. beam parents.
 
         ``same_sources``: every row stays with its own sentence (beams moved within their
-        sentence, none added or dropped). A sentence's rows share the same encoder output,
-        so the cross-attention keys/values and the source mask already are what the index
-        would give; only the self-attention prefix follows the parents, and rows whose
-        parent is the row itself (about half, even with random weights) stay where they
-        are. This copy was about a sixth of beam-4 decoding time for the base model on CPU.
+        sentence, none added or dropped), so the per-source cross-attention keys/values and
+        mask stay as they are; only the self-attention prefix follows the parents.
         """
         n, rows = self.length, index.numel()
-        if same_sources:
-            moved = (index != torch.arange(rows, device=index.device)).nonzero(as_tuple=True)[0]
-            if moved.numel() == 0:
-                return
-            parents = index.index_select(0, moved)
-            for c in self.layers:
-                for buf in (c.self_k, c.self_v):
-                    filled = buf[:, :, :n]  # a view: index_copy_ writes into the cache itself
-                    filled.index_copy_(0, moved, filled.index_select(0, parents))
+        if same_sources and bool((index == torch.arange(rows, device=index.device)).all()):
             return
         for c in self.layers:
-            # Only the filled prefix is worth copying; later positions get overwritten. The
-            # buffers are reused in place: a shrinking batch keeps a view of its first rows
-            # (still contiguous), so no step allocates a whole new max_len buffer.
-            k = c.self_k[:, :, :n].index_select(0, index)
-            v = c.self_v[:, :, :n].index_select(0, index)
-            if rows <= c.self_k.size(0):
-                c.self_k, c.self_v = c.self_k[:rows], c.self_v[:rows]
-            else:  # growing (e.g. one row per beam): new buffers
-                c.self_k = c.self_k.new_zeros((rows,) + c.self_k.shape[1:])
-                c.self_v = torch.zeros_like(c.self_k)
-            c.self_k[:, :, :n] = k
-            c.self_v[:, :, :n] = v
-            c.cross_k = c.cross_k.index_select(0, index)
-            c.cross_v = c.cross_v.index_select(0, index)
-        self.src_mask = self.src_mask.index_select(0, index)
+            c.self_k, c.spare_k = self._gather(c.self_k, c.spare_k, index, n)
+            c.self_v, c.spare_v = self._gather(c.self_v, c.spare_v, index, n)
+        if same_sources:
+            return
+        # Which source each new row reads; regroup the cross keys/values by it.
+        sources = torch.div(index, self.group_size, rounding_mode="floor")
+        grouped = _grouping(sources)
+        if grouped is not None:
+            keep, self.group_size = grouped
+        else:  # rows of one source not kept together: one copy per row
+            keep, self.group_size = sources, 1
+        if keep.numel() == self.src_mask.size(0) and bool((keep == torch.arange(
+                keep.numel(), device=keep.device)).all()):
+            return  # e.g. the first beam step: each source now has K rows, same sources
+        for c in self.layers:
+            c.cross_k = c.cross_k.index_select(0, keep)
+            c.cross_v = c.cross_v.index_select(0, keep)
+        self.src_mask = self.src_mask.index_select(0, keep)
+        assert rows == self.src_mask.size(0) * self.group_size
+
+    @staticmethod
+    def _gather(buf: Tensor, spare: Tensor | None, index: Tensor, n: int) -> tuple[Tensor, Tensor]:
+        """Rows ``index`` of ``buf``'s filled prefix, written into the spare buffer (a view of
+        its first rows; a new one when the batch grows). Returns (new buffer, new spare)."""
+        rows = index.numel()
+        if spare is None or spare.size(0) < rows:
+            spare = torch.empty((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)
+        target = spare[:rows]  # a view of the first rows: contiguous, reused in place
+        # Only the filled prefix is worth copying; later positions get overwritten.
+        torch.index_select(buf[:, :, :n], 0, index, out=target[:, :, :n])
+        return target, buf

@@ -109,21 +109,27 @@ class DecoderLayer(_Sublayers):
 
     def step(self, y: Tensor, cache: KVCache, index: int,
              need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """One new position. y: (B, 1, D) -> (B, 1, D), cross weights (B, H, 1, S)."""
+        """One new position. y: (R, 1, D) -> (R, 1, D), cross weights (R, H, 1, S)."""
 
         def self_attn(h: Tensor) -> Tensor:
-            k, v = cache.append(index, *self.self_attn.project_kv(h))  # (B, H, t+1, d_k)
-            return self.self_attn.attend(h, k, v)[0]
+            q, k, v = self.self_attn.project_qkv(h)  # 3 x (R, H, 1, d_k)
+            k, v = cache.append(index, k, v)  # (R, H, t+1, d_k)
+            return self.self_attn.attend_heads(q, k, v)[0]
 
         y = self.residual(y, self.self_attn_norm, self_attn)
         layer = cache.layers[index]
         weights = None
+        rows, g = y.size(0), cache.group_size
 
         def cross(h: Tensor) -> Tensor:
+            # The g rows of a source group are g queries over its one copy of the keys:
+            # (R, 1, D) -> (R/g, g, D), weights (R/g, H, g, S) -> (R, H, 1, S).
             nonlocal weights
-            out, weights = self.cross_attn.attend(h, layer.cross_k, layer.cross_v,
-                                                  mask=cache.src_mask, need_weights=need_weights)
-            return out
+            out, w = self.cross_attn.attend(h.view(rows // g, g, -1), layer.cross_k, layer.cross_v,
+                                            mask=cache.src_mask, need_weights=need_weights)
+            if w is not None:
+                weights = w.transpose(1, 2).reshape(rows, w.size(1), 1, w.size(-1))
+            return out.view(rows, 1, -1)
 
         y = self.residual(y, self.cross_attn_norm, cross)
         return self.residual(y, self.ffn_norm, self.ffn), weights

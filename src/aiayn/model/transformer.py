@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.model.cache import KVCache
+from aiayn.model.derived import derived
 from aiayn.model.embeddings import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 
@@ -62,6 +63,17 @@ class Transformer(nn.Module):
     def project(self, h: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits (..., V)."""
         return F.linear(h, self.output_weight, self.output_bias)
+
+    def project_step(self, h: Tensor) -> Tensor:
+        """:meth:`project` for one decoding step's states (R, D) -> (R, V). Without autograd,
+        a matmul with the weight transposed once to (D, V): on a CPU, ``F.linear`` with the
+        (V, D) weight measured about 1.3x slower for the base model's 32k vocabulary."""
+        if torch.is_grad_enabled():
+            return self.project(h)
+        w = self.output_weight
+        w_t = derived(self, "_output_weight_t", (w,), lambda: w.t().contiguous())
+        out = torch.mm(h, w_t)
+        return out if self.output_bias is None else out.add_(self.output_bias)
 
     # --------------------------------------------------------------- full pass
 
@@ -119,5 +131,5 @@ class Transformer(nn.Module):
         cache.advance()
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        logits = self.project(y[:, 0])
+        logits = self.project_step(y[:, 0])
         return logits, (torch.stack(attn, dim=1)[:, :, :, 0] if need_attn else None)

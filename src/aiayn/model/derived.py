@@ -1,0 +1,27 @@
+"""Inference-time copies of weights in a faster layout, rebuilt when the weights change.
+
+Decoding runs the same few matmuls thousands of times; on a CPU some of them are faster
+with the weights rearranged (W_Q, W_K, W_V side by side; the vocabulary projection
+transposed). The copies are kept on the module, outside its state dict, and keyed on the
+weights' version counters and storage, so an optimizer step, ``load_state_dict``, ``.to()``
+or an in-place edit all lead to a rebuild on next use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from torch import Tensor, nn
+
+T = TypeVar("T")
+
+
+def derived(owner: nn.Module, name: str, sources: tuple[Tensor, ...], build: Callable[[], T]) -> T:
+    """``build()``, cached on ``owner`` under ``name`` until any of ``sources`` changes."""
+    key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
+    cached = owner.__dict__.get(name)
+    if cached is None or cached[0] != key:
+        cached = (key, build())
+        owner.__dict__[name] = cached  # not a parameter or buffer: never saved
+    return cached[1]
