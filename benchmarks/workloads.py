@@ -83,7 +83,17 @@ def decode_sources(seed: int = SEED) -> torch.Tensor:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
+    """Peak resident set size of this process so far, in MB.
+
+    From /proc/self/status (VmHWM): ``getrusage``'s ru_maxrss survives ``execve`` on Linux,
+    so a system measured in a child of the benchmark process would report the parent's
+    peak (the model conversion's) whenever its own is lower."""
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
