@@ -17,3 +17,39 @@ def _run(env_extra: dict[str, str]) -> str:
 def test_allocator_tuned_once_on_glibc_and_opt_out_respected():
     assert _run({}) == "True True"  # second call: already applied, same answer
     assert _run({"AIAYN_MALLOC": "system"}) == "False False"
+
+
+@pytest.mark.parametrize("avx512_bf16, amx, expected", [(False, False, "fp32"), (True, False, "bf16"),
+                                                         (False, True, "bf16")])
+def test_dtype_auto_is_bf16_only_where_the_cpu_runs_it_natively(monkeypatch: pytest.MonkeyPatch,
+                                                                 avx512_bf16: bool, amx: bool, expected: str):
+    import torch
+
+    from aiayn.runtime import resolve_train_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert resolve_train_dtype("auto", "cpu") == expected
+    # An explicit choice is kept whatever the hardware.
+    assert resolve_train_dtype("bf16", "cpu") == "bf16"
+    assert resolve_train_dtype("fp32", "cpu") == "fp32"
+
+
+def test_trainer_resolves_dtype_auto(monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    from aiayn.config import Config, ModelConfig, TrainConfig
+    from aiayn.model import build_model
+    from aiayn.training.trainer import Trainer
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    cfg = Config(model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                                   src_vocab_size=16, tgt_vocab_size=16),
+                 train=TrainConfig(dtype="auto"))
+    cfg.validate()
+    trainer = Trainer(cfg, build_model(cfg.model), device="cpu")
+    assert (trainer.dtype, trainer.amp_dtype) == ("fp32", None)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    trainer = Trainer(cfg, build_model(cfg.model), device="cpu")
+    assert (trainer.dtype, trainer.amp_dtype) == ("bf16", torch.bfloat16)

@@ -213,7 +213,9 @@ class TrainConfig:
 
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    # fp32 | bf16 | fp16 (mixed precision: autocast) | auto (bf16 where the hardware runs it
+    # natively: AVX-512 BF16 / AMX CPUs, bf16-capable GPUs; fp32 elsewhere).
+    dtype: str = "fp32"
     compile: bool = False
     # Batch: padded tokens on the longer side per batch (as fairseq counts), per GPU;
     # max_tokens x GPUs x update_freq is the effective batch (~25k in the paper).
@@ -258,7 +260,7 @@ class TrainConfig:
     progress_bar: bool = True
 
     def validate(self, prefix: str = "train") -> None:
-        _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16"))
+        _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice(prefix, "device", self.device, ("auto", "cpu", "cuda"))
         _choice(prefix, "optimizer", self.optimizer, ("adam", "adamw"))
         _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant"))

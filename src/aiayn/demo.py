@@ -53,7 +53,7 @@ def multi30k_config(data_dir: str | None, seed: int = 1) -> Config:
                           dropout=0.2, max_positions=256, src_vocab_size=8000, tgt_vocab_size=8000),
         data=DataConfig(dataset="multi30k", data_dir=data_dir, src_lang="en", tgt_lang="de",
                         vocab_size=8000, seed=seed),
-        train=TrainConfig(seed=seed, dtype="bf16", max_tokens=4096, max_steps=100_000, max_time_minutes=10,
+        train=TrainConfig(seed=seed, dtype="auto", max_tokens=4096, max_steps=100_000, max_time_minutes=10,
                           lr_schedule="inverse_sqrt", lr=1e-3, warmup_steps=1000, label_smoothing=0.1,
                           log_every=100, valid_every=500, save_every=500, keep_last=5),
         decode=DecodeConfig(beam=4, lenpen=0.6),

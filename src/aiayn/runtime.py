@@ -21,6 +21,10 @@ import ctypes.util
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported lazily: the allocator is tuned before it loads
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -47,3 +51,29 @@ def tune_allocator() -> bool:
     _applied = bool(mallopt(_M_MMAP_MAX, 0)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
     log.debug("glibc allocator: mmap disabled for large blocks: %s", _applied)
     return _applied
+
+
+def native_bf16(device: torch.device | str) -> bool:
+    """Whether bfloat16 matmuls run on dedicated hardware on ``device``.
+
+    On a CPU that means AVX-512 BF16 or AMX tiles: there a bf16 matmul runs ~3-4x faster
+    than float32. Without them torch emulates bf16 with float32 arithmetic plus conversions,
+    and bf16 is ~3x *slower* than float32 (measured on an AVX-512 CPU without BF16:
+    matmul 29 vs 97 GFLOP/s, docs/benchmarks.md), so ``dtype: auto`` picks float32 there.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+
+
+def resolve_train_dtype(dtype: str, device: torch.device | str) -> str:
+    """``train.dtype`` with ``auto`` resolved: bf16 where it is native, else fp32."""
+    if dtype != "auto":
+        return dtype
+    return "bf16" if native_bf16(device) else "fp32"

@@ -40,6 +40,7 @@ from torch import nn
 
 from aiayn.config import Config, ModelConfig, to_dict
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.runtime import resolve_train_dtype
 from aiayn.training import checkpoint as ckpt_io
 from aiayn.training.distributed import (
     DistInfo,
@@ -132,14 +133,16 @@ class Trainer:
         self.tokenizer = tokenizer
         self.pad_id = cfg.model.pad_id
 
-        self.amp_dtype = DTYPES[self.tc.dtype]
-        if self.tc.dtype == "fp16" and self.device.type != "cuda":
+        # The precision in effect: train.dtype with "auto" resolved for this device.
+        self.dtype = resolve_train_dtype(self.tc.dtype, self.device)
+        self.amp_dtype = DTYPES[self.dtype]
+        if self.dtype == "fp16" and self.device.type != "cuda":
             raise ConfigError("train.dtype: fp16 needs a CUDA device (it relies on a gradient "
                               "scaler); use bf16 on CPU")
         self.model = model.to(self.device)
         self.optimizer = build_optimizer(self.model, self.tc, self.device)
         self.schedule = make_schedule(self.tc, cfg.model.d_model)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.tc.dtype == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == "fp16")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
 
         wrapped: nn.Module = self.model
@@ -177,6 +180,12 @@ class Trainer:
         self._t0: float | None = None
 
     # ------------------------------------------------------------------ one update
+
+    def _dtype_label(self) -> str:
+        if self.tc.dtype != "auto":
+            return self.dtype
+        why = "native bf16" if self.dtype == "bf16" else "no native bf16 on this device"
+        return f"dtype auto -> {self.dtype}: {why}"
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
@@ -483,7 +492,7 @@ class Trainer:
         has_valid = self._agree([bool(self.valid_batches)])[0] and bool(tc.valid_every)
         if self.dist.is_main:
             log.info("training %s parameters on %s (%s, %d process(es), update_freq %d) from step %d",
-                     f"{n_params:,}", self.device, tc.dtype, self.dist.world_size, tc.update_freq,
+                     f"{n_params:,}", self.device, self._dtype_label(), self.dist.world_size, tc.update_freq,
                      self.step)
         redirect = contextlib.nullcontext()
         if bar is not None:
@@ -617,7 +626,7 @@ class Trainer:
             "last_valid": self.last_valid, "best": self.best,
             "last_checkpoint": str(last) if last else None,
             "best_checkpoint": str(best) if best else None,
-            "world_size": self.dist.world_size, "device": str(self.device), "dtype": self.tc.dtype,
+            "world_size": self.dist.world_size, "device": str(self.device), "dtype": self.dtype,
         }
 
     def _write_summary(self, summary: dict[str, Any]) -> None:
