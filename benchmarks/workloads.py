@@ -106,7 +106,11 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads, torch {torch.__version__}"
+    from aiayn.runtime import native_bf16
+
+    # Whether bf16 has matrix units here decides whether the bf16 rows can be fast at all.
+    bf16 = "native bf16 (AVX-512 BF16/AMX)" if native_bf16("cpu") else "no native bf16 (emulated)"
+    return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads, {bf16}, torch {torch.__version__}"
 
 
 @dataclass

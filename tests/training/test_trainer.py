@@ -217,3 +217,23 @@ def test_torch_compile_trains_and_saves_plain_names(make_cfg, make_task, tmp_pat
     ck.save_checkpoint(tmp_path / "c", tr.forward_model, cfg)
     with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
         assert not [k for k in f.keys() if "_orig_mod" in k]
+
+
+@pytest.mark.parametrize("impl", ["fused", "foreach"])
+def test_validation_after_updates_sees_the_updated_weights(make_cfg, make_task, impl):
+    """Regression: the inference-time fused QKV / transposed output weights were cached on
+    the weights' version counters, which torch's fused Adam does not bump, so every
+    validation after the first used stale copies (valid loss and valid BLEU wrong)."""
+    import copy
+
+    cfg = make_cfg(optimizer_impl=impl, lr=3e-3)
+    task = make_task(n=8)
+    batch = _batch(task, range(8))
+    tr = _trainer(cfg, valid_batches=[batch])
+    tr.validate()  # builds the inference-time copies
+    for _ in range(3):
+        tr.train_step([batch])
+    seen = tr.validate()["valid_loss"]
+    fresh = _trainer(cfg, valid_batches=[batch])
+    fresh.model.load_state_dict(copy.deepcopy(tr.model.state_dict()))
+    assert seen == pytest.approx(fresh.validate()["valid_loss"], rel=1e-6)

@@ -3,8 +3,13 @@
 Decoding runs the same few matmuls thousands of times; on a CPU some of them are faster
 with the weights rearranged (W_Q, W_K, W_V side by side; the vocabulary projection
 transposed). The copies are kept on the module, outside its state dict, and keyed on the
-weights' version counters and storage, so an optimizer step, ``load_state_dict``, ``.to()``
-or an in-place edit all lead to a rebuild on next use.
+weights' version counters and storage, so ``load_state_dict``, ``.to()``, most optimizer
+steps and in-place edits all lead to a rebuild on next use.
+
+Not all: torch's *fused* Adam (``fused=True``, this project's default on the CPU too)
+updates the weights without bumping their version counters, so a copy built during one
+validation would be served, stale, at the next. Whoever updates weights that way must call
+``clear_derived`` after the update; the Trainer does so after every optimizer step.
 """
 
 from __future__ import annotations
@@ -15,13 +20,22 @@ from typing import TypeVar
 from torch import Tensor, nn
 
 T = TypeVar("T")
+_NAMES: set[str] = set()
 
 
 def derived(owner: nn.Module, name: str, sources: tuple[Tensor, ...], build: Callable[[], T]) -> T:
     """``build()``, cached on ``owner`` under ``name`` until any of ``sources`` changes."""
+    _NAMES.add(name)
     key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
     cached = owner.__dict__.get(name)
     if cached is None or cached[0] != key:
         cached = (key, build())
         owner.__dict__[name] = cached  # not a parameter or buffer: never saved
     return cached[1]
+
+
+def clear_derived(model: nn.Module) -> None:
+    """Drop every derived copy held by ``model``'s modules (rebuilt on next use)."""
+    for module in model.modules():
+        for name in _NAMES:
+            module.__dict__.pop(name, None)
