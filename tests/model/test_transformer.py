@@ -237,3 +237,21 @@ def test_fused_qkv_projection_follows_weight_updates() -> None:
         moved = attn.project_qkv(x)
     assert (moved[1] - attn.project_kv(x)[0]).abs().max() <= 1e-5
     assert torch.equal(moved[0], fused[0])
+
+
+def test_fused_qkv_projection_follows_a_fused_adam_step() -> None:
+    # Fused Adam updates weights without bumping their version counters; the cached fused
+    # weight must be rebuilt anyway (a global optimizer-step hook advances its key).
+    attn = _model().decoder_layers[0].self_attn
+    x = torch.randn(2, 3, attn.w_q.in_features)
+    with torch.no_grad():
+        before = attn.project_qkv(x)
+    opt = torch.optim.Adam(attn.parameters(), lr=0.1, fused=True)
+    attn.w_k(x).sum().backward()
+    versions = attn.w_k.weight._version
+    opt.step()
+    assert attn.w_k.weight._version == versions  # the premise: no version bump
+    with torch.no_grad():
+        after = attn.project_qkv(x)
+        assert (after[1] - attn.project_kv(x)[0]).abs().max() <= 1e-5
+    assert not torch.equal(after[1], before[1])

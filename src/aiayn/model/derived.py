@@ -8,8 +8,8 @@ steps and in-place edits all lead to a rebuild on next use.
 
 Not all: torch's *fused* Adam (``fused=True``, this project's default on the CPU too)
 updates the weights without bumping their version counters, so a copy built during one
-validation would be served, stale, at the next. Whoever updates weights that way must call
-``clear_derived`` after the update; the Trainer does so after every optimizer step.
+validation would be served, stale, at the next. Hence the key also holds a generation
+number that a global optimizer hook advances after every ``step()`` of any torch optimizer.
 """
 
 from __future__ import annotations
@@ -18,24 +18,27 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from torch import Tensor, nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 T = TypeVar("T")
-_NAMES: set[str] = set()
+_generation = 0
+
+
+def _after_optimizer_step(*_: object) -> None:
+    global _generation
+    _generation += 1
+
+
+# Every optimizer step, whatever the optimizer and training loop, invalidates all copies.
+register_optimizer_step_post_hook(_after_optimizer_step)
 
 
 def derived(owner: nn.Module, name: str, sources: tuple[Tensor, ...], build: Callable[[], T]) -> T:
     """``build()``, cached on ``owner`` under ``name`` until any of ``sources`` changes."""
-    _NAMES.add(name)
-    key = tuple((t._version, t.data_ptr(), t.dtype, t.device) for t in sources)
+    key = (_generation, *((t._version, t.data_ptr(), t.dtype, t.device) for t in sources))
     cached = owner.__dict__.get(name)
     if cached is None or cached[0] != key:
         cached = (key, build())
         owner.__dict__[name] = cached  # not a parameter or buffer: never saved
     return cached[1]
 
-
-def clear_derived(model: nn.Module) -> None:
-    """Drop every derived copy held by ``model``'s modules (rebuilt on next use)."""
-    for module in model.modules():
-        for name in _NAMES:
-            module.__dict__.pop(name, None)

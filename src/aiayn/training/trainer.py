@@ -40,7 +40,6 @@ from torch import nn
 
 from aiayn.config import Config, ModelConfig, to_dict
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
-from aiayn.model.derived import clear_derived
 from aiayn.runtime import resolve_train_dtype
 from aiayn.training import checkpoint as ckpt_io
 from aiayn.training.distributed import (
@@ -257,9 +256,6 @@ class Trainer:
             if updated:
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        # Fused Adam does not bump the weights' version counters: drop the inference-time
-        # copies (fused QKV, transposed output weight) so validation rebuilds them.
-        clear_derived(self.model)
 
         if nonfinite:
             self.nonfinite_consecutive += 1
