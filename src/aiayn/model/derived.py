@@ -41,4 +41,3 @@ def derived(owner: nn.Module, name: str, sources: tuple[Tensor, ...], build: Cal
         cached = (key, build())
         owner.__dict__[name] = cached  # not a parameter or buffer: never saved
     return cached[1]
-

@@ -181,12 +181,6 @@ class Trainer:
 
     # ------------------------------------------------------------------ one update
 
-    def _dtype_label(self) -> str:
-        if self.tc.dtype != "auto":
-            return self.dtype
-        why = "native bf16" if self.dtype == "bf16" else "no native bf16 on this device"
-        return f"dtype auto -> {self.dtype}: {why}"
-
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
@@ -463,6 +457,13 @@ class Trainer:
         if not self.dist.enabled:
             return flags
         return [v > 0 for v in all_reduce_sum([float(f) for f in flags], self.dist, self.device)]
+
+    def _dtype_label(self) -> str:
+        # For the start-of-run log line: what train.dtype resolved to, and why.
+        if self.tc.dtype != "auto":
+            return self.dtype
+        why = "native bf16" if self.dtype == "bf16" else "no native bf16 on this device"
+        return f"dtype auto -> {self.dtype}: {why}"
 
     def _progress_bar(self) -> Any:
         if not (self.dist.is_main and self.tc.progress_bar and sys.stderr.isatty()):
