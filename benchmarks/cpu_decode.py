@@ -24,8 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads as W  # noqa: E402
 
-SYSTEMS = [("aiayn", "fp32"), ("aiayn", "bf16"), ("hf", "fp32"), ("ctranslate2", "float32"),
-           ("ctranslate2", "int8")]
+SYSTEMS = [("aiayn", "fp32"), ("aiayn", "bf16"), ("aiayn", "int8"), ("hf", "fp32"),
+           ("ctranslate2", "float32"), ("ctranslate2", "int8")]
 
 
 def build_models(root: Path) -> None:

@@ -143,13 +143,20 @@ def time_runs(fn: Callable[[], None], runs: int, warmup: int = 1) -> list[float]
 
 
 def matmul_gflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
-    """Measured matmul throughput: the physical ceiling the figures are compared with."""
-    a = torch.randn(n, n).to(dtype)
-    b = torch.randn(n, n).to(dtype)
-    torch.matmul(a, b)
+    """Measured matmul throughput: the physical ceiling the figures are compared with.
+    int8: ``torch._int_mm`` (int8 x int8 -> int32), what aiayn's int8 decoding runs."""
+    if dtype == torch.int8:
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        b = torch.randint(-127, 128, (n, n), dtype=torch.int8)
+        mm = torch._int_mm
+    else:
+        a = torch.randn(n, n).to(dtype)
+        b = torch.randn(n, n).to(dtype)
+        mm = torch.matmul
+    mm(a, b)
     t0 = time.perf_counter()
     for _ in range(reps):
-        torch.matmul(a, b)
+        mm(a, b)
     return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e9
 
 
@@ -180,13 +187,15 @@ def print_table(title: str, rows: list[dict], reference: dict[str, float]) -> No
 def report_ceiling(ok: dict[tuple[str, str], float], rows: list[dict], flop_per_token: float,
                    json_path: str | None) -> None:
     """Print the measured matmul ceilings and aiayn's fraction of them; write the JSON rows."""
-    bf16, fp32 = matmul_gflops(torch.bfloat16), matmul_gflops(torch.float32)
-    print(f"\nmatmul ceiling: bf16 {bf16:.0f} GFLOP/s, fp32 {fp32:.0f} GFLOP/s; "
-          f"limit ~{bf16 * 1e9 / flop_per_token:.0f} tok/s (bf16), ~{fp32 * 1e9 / flop_per_token:.0f} (fp32)")
+    ceilings = {"bf16": matmul_gflops(torch.bfloat16), "fp32": matmul_gflops(torch.float32)}
+    if any(system == "aiayn" and dtype == "int8" for system, dtype in ok):
+        ceilings["int8"] = matmul_gflops(torch.int8)
+    print("\nmatmul ceiling: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in ceilings.items())
+          + "; limit " + ", ".join(f"~{v * 1e9 / flop_per_token:.0f} tok/s ({k})" for k, v in ceilings.items()))
     for (system, dtype), tps in ok.items():
         if system == "aiayn":
-            peak = bf16 if dtype == "bf16" else fp32
+            peak = ceilings.get(dtype, ceilings["fp32"])
             print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
     if json_path:
-        Path(json_path).write_text(json.dumps({"machine": machine(), "matmul_gflops": {"bf16": bf16, "fp32": fp32},
+        Path(json_path).write_text(json.dumps({"machine": machine(), "matmul_gflops": ceilings,
                                                "rows": rows}, indent=2))

@@ -150,3 +150,13 @@ def test_real_process_streams_stdin(tiny_checkpoint) -> None:
         input=TRICKY, capture_output=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr.decode()
     assert len(_lines(proc.stdout)) == N_TRICKY
+
+
+def test_int8_translation(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+    args = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
+            "--on-invalid-utf8", "replace"]
+    code, out, err = run_cli([*args, "--dtype", "int8"], capsysbinary, monkeypatch)
+    assert code == 0, err
+    assert len(_lines(out)) == N_TRICKY
+    code, out, err = run_cli([*args, "--dtype", "int8", "--device", "cuda"], capsysbinary, monkeypatch)
+    assert code == 2 and out == b"" and "Traceback" not in err

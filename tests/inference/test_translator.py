@@ -118,6 +118,20 @@ def test_bf16(tiny_checkpoint: Path, english: list[str]) -> None:
         Translator.from_checkpoint(tiny_checkpoint, dtype="fp8")
 
 
+def test_int8(tiny_checkpoint: Path, english: list[str]) -> None:
+    from aiayn.inference.translator import resolve_dtype
+    from aiayn.model.quantize import Int8Linear
+
+    tr = Translator.from_checkpoint(tiny_checkpoint, dtype="int8")
+    assert isinstance(tr.model.decoder_layers[0].ffn.w_1, Int8Linear)
+    out = tr.translate_detailed(english[:3], attention=True)
+    assert all(r.best.text and r.best.attention.dtype == torch.float32 for r in out)
+    # the same hypotheses as decoding the int8 model sentence by sentence
+    assert [r.best.text for r in out] == [tr.translate([s])[0] for s in english[:3]]
+    with pytest.raises(ConfigError, match="CPU"):
+        resolve_dtype("int8", torch.device("cuda"))
+
+
 def test_trainer_style_construction(tiny_checkpoint: Path, english: list[str]) -> None:
     from aiayn.training.checkpoint import load_checkpoint
 

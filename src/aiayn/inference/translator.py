@@ -34,11 +34,14 @@ from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.search import BOS_ID, EOS_ID, PAD_ID, SearchHypothesis, search
 from aiayn.model import Transformer
+from aiayn.model.quantize import quantize_int8
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
+# What --dtype offers for inference: int8 is aiayn.model.quantize (CPU only).
+INFERENCE_DTYPES = ("fp32", "bf16", "fp16", "int8")
 
 # How bf16 runs: "cast" converts the weights (model.to(bfloat16)); "autocast" keeps fp32
 # weights and lets torch.autocast pick per op. On the 2-core CPU of
@@ -87,9 +90,14 @@ def resolve_device(device: str | torch.device) -> torch.device:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    """'fp32' -> None (the weights as they are), 'bf16' -> torch.bfloat16, 'fp16' (GPU only)."""
+    """'fp32' and 'int8' -> None (float32 weights; int8 quantizes them afterwards),
+    'bf16' -> torch.bfloat16, 'fp16' (GPU only)."""
+    if dtype == "int8":
+        if device.type != "cpu":
+            raise ConfigError(f"--dtype int8 is a CPU path (oneDNN int8 matmuls); on {device} use fp16 or bf16")
+        return None
     if dtype not in DTYPES:
-        raise ConfigError(f"--dtype {dtype}: choose from fp32, bf16, fp16")
+        raise ConfigError(f"--dtype {dtype}: choose from {', '.join(INFERENCE_DTYPES)}")
     out = DTYPES[dtype]
     if out is torch.float16 and device.type != "cuda":
         raise ConfigError("--dtype fp16 needs a CUDA device; use bf16 on the CPU")
@@ -102,7 +110,9 @@ class Translator:
     ``config`` is the checkpoint's :class:`Config` (a bare :class:`DecodeConfig` is accepted
     too, e.g. from the trainer's validation). The model is put in eval mode and moved to
     ``device`` in place; with ``dtype="bf16"`` its weights are cast to bfloat16 in place
-    (see :data:`BF16_MODE`); log-probabilities are always computed in float32.
+    (see :data:`BF16_MODE`); with ``dtype="int8"`` its linear layers are quantized in place
+    (:func:`aiayn.model.quantize.quantize_int8`, CPU only); log-probabilities are always
+    computed in float32.
     """
 
     def __init__(self, model: Transformer, tokenizer: Any, config: Config | DecodeConfig | None = None,
@@ -123,6 +133,8 @@ class Translator:
                 autocast = half
             else:
                 model = model.to(half)
+        if dtype == "int8":
+            model = quantize_int8(model)
         self.model = model
         self.decoder = IncrementalDecoder(model, autocast=autocast)
         self.max_src_len: int | None = getattr(model.src_positions, "max_positions", None)

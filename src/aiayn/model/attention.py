@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from torch import Tensor, nn
 
 from aiayn.model.derived import derived
 from aiayn.model.dropout import dropout
+from aiayn.model.quantize import Int8Linear
 
 
 def scaled_dot_product_attention(
@@ -65,6 +68,8 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, inner)
         self.w_o = nn.Linear(inner, d_model)
         self.dropout = dropout
+        # W_Q, W_K, W_V side by side in int8, set by aiayn.model.quantize.quantize_int8
+        self.qkv_int8: Int8Linear | None = None
         for lin in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -86,14 +91,17 @@ class MultiHeadAttention(nn.Module):
         """
         if torch.is_grad_enabled():
             return self.split_heads(self.w_q(x)), *self.project_kv(x)
-        weight, bias = self._fused_qkv()
-        q, k, v = F.linear(x, weight, bias).chunk(3, dim=-1)
+        q, k, v = self._fused_qkv()(x).chunk(3, dim=-1)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def _fused_qkv(self) -> tuple[Tensor, Tensor]:
+    def _fused_qkv(self) -> Callable[[Tensor], Tensor]:
+        if self.qkv_int8 is not None:
+            return self.qkv_int8
         lins = (self.w_q, self.w_k, self.w_v)
-        return derived(self, "_qkv", tuple(t for lin in lins for t in (lin.weight, lin.bias)),
-                       lambda: (torch.cat([lin.weight for lin in lins]), torch.cat([lin.bias for lin in lins])))
+        weight, bias = derived(self, "_qkv", tuple(t for lin in lins for t in (lin.weight, lin.bias)),
+                               lambda: (torch.cat([lin.weight for lin in lins]),
+                                        torch.cat([lin.bias for lin in lins])))
+        return functools.partial(F.linear, weight=weight, bias=bias)
 
     def attend(
         self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,

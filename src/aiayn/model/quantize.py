@@ -1,0 +1,145 @@
+"""int8 inference: weights quantized once, activations quantized at each call.
+
+A linear layer y = x W^T + b becomes
+
+    W ~ diag(s_w) W8        s_w[n] = max_k |W[n, k]| / 127      (per output row, once)
+    x ~ diag(s_x) x8        s_x[m] = max_k |x[m, k]| / 127      (per row of x, every call)
+    y ~ (x8 W8^T) * s_w^T * s_x + b
+
+where ``x8 W8^T`` is an exact integer matmul. This is the symmetric per-channel weight,
+per-token activation scheme of CTranslate2's ``int8`` compute type; its quality cost is
+measured on Multi30k in docs/benchmarks.md.
+
+Two kernels compute the same numbers (tests check them against each other and against an
+int64 reference):
+
+* ``onednn`` (x86 builds of torch): oneDNN's int8 linear, the kernel torch's own x86 int8
+  path uses. It reads x8 as uint8 with zero point 128 (its fast kernels want an unsigned
+  input) and multiplies by s_w inside the matmul, so only s_x and b are left: 2 cheap
+  passes. On this project's CPU the 256 x 512 x 32,000 vocabulary projection of a beam
+  step: float32 49 ms, ``int_mm`` 27 ms, ``onednn`` 17 ms (docs/benchmarks.md).
+* ``int_mm``: ``torch._int_mm`` (int8 x int8 -> int32) and the scaling as separate passes,
+  wherever oneDNN's op is missing.
+
+Only the inference path uses it: :func:`quantize_int8` rewrites a model in place. The
+embeddings, LayerNorms and attention's score/value products stay in float32. A quantized
+model cannot be trained or saved as a checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from aiayn.model.transformer import Transformer
+
+_QMAX = 127.0
+_ZERO_POINT = 128  # int8 -> uint8 for oneDNN: x8 + 128
+
+
+def _onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+# Which kernel new Int8Linear layers use; tests switch it to compare the two.
+KERNEL = "onednn" if _onednn_available() else "int_mm"
+
+
+def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 quantization of each row: x (M, K) -> x8 (M, K) int8, scale (M, 1).
+
+    All-zero rows get scale 1 (their int8 row is zero either way)."""
+    scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (x / scale).round_().to(torch.int8), scale
+
+
+def _quantize_rows_uint8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`quantize_rows` shifted by the zero point, in one pass fewer than shifting after."""
+    scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (x / scale).round_().add_(_ZERO_POINT).to(torch.uint8), scale
+
+
+class Int8Linear(nn.Module):
+    """An ``nn.Linear`` (weight (N, K), bias (N,)) with int8 weights and int8 inputs.
+
+    The weight is kept only in the chosen kernel's layout (oneDNN's packed tensor, or the
+    transposed (K, N) matrix ``torch._int_mm`` reads fastest), as a plain attribute: it is
+    not a parameter or buffer, and the module has no state dict worth saving.
+    """
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, kernel: str | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.kernel = kernel or KERNEL
+        w8, scale = quantize_rows(weight.detach().float())  # (N, K) int8, (N, 1)
+        self.weight_scale = scale[:, 0].contiguous()  # (N,)
+        self.bias = None if bias is None else bias.detach().float().clone()
+        if self.kernel == "onednn":
+            self.packed_weight = torch.ops.onednn.qlinear_prepack(w8, None)
+            self._weight_zero_point = torch.zeros(self.out_features, dtype=torch.long)
+        elif self.kernel == "int_mm":
+            self.packed_weight = w8.t().contiguous()  # (K, N)
+        else:
+            raise ValueError(f"Int8Linear: unknown kernel {self.kernel!r} (onednn, int_mm)")
+
+    def forward(self, x: Tensor) -> Tensor:
+        # x (..., K) float -> (..., N) float32
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise RuntimeError("Int8Linear is for inference; a quantized model cannot be trained")
+        lead = x.shape[:-1]
+        x = x.reshape(-1, self.in_features).float()  # (M, K)
+        if self.kernel == "onednn":
+            xu, x_scale = _quantize_rows_uint8(x)
+            # (xu - 128) W8^T * s_w: exact integer products, scaled by s_w in the epilogue
+            y = torch.ops.onednn.qlinear_pointwise(
+                xu, 1.0, _ZERO_POINT, self.packed_weight, self.weight_scale, self._weight_zero_point,
+                None, 1.0, 0, torch.float32, "none", [], "")
+        else:
+            x8, x_scale = quantize_rows(x)
+            y = torch._int_mm(x8, self.packed_weight) * self.weight_scale  # int32 -> float32
+        y.mul_(x_scale)  # (M, N)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+
+def _replace_linears(module: nn.Module) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, Int8Linear(child.weight, child.bias))
+        else:
+            _replace_linears(child)
+
+
+def quantize_int8(model: Transformer) -> Transformer:
+    """Rewrite a :class:`~aiayn.model.Transformer` for int8 CPU inference, in place.
+
+    Every ``nn.Linear`` of the encoder and decoder layers (attention projections, feed-forward
+    layers) becomes an :class:`Int8Linear`; each attention module gets ``qkv_int8``, its
+    W_Q, W_K, W_V side by side (the fused projection of decoding), and the model gets
+    ``output_int8``, the pre-softmax projection. The embeddings stay float: they are looked
+    up, and a tied projection's float copy is that embedding.
+    """
+    from aiayn.model.attention import MultiHeadAttention
+
+    if model.training:
+        raise ValueError("quantize_int8: put the model in eval mode first (it is for inference)")
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError("quantize_int8: int8 inference runs on the CPU")
+    model.output_int8 = Int8Linear(model.output_weight)
+    for stack in (model.encoder_layers, model.decoder_layers):
+        for attn in stack.modules():
+            if isinstance(attn, MultiHeadAttention):
+                lins = (attn.w_q, attn.w_k, attn.w_v)
+                attn.qkv_int8 = Int8Linear(torch.cat([lin.weight for lin in lins]),
+                                           torch.cat([lin.bias for lin in lins]))
+        _replace_linears(stack)
+    return model

@@ -1,0 +1,126 @@
+"""int8 inference (aiayn.model.quantize): the quantizer's golden values, both kernels against
+an integer reference, the quantization error of a layer and of a whole model, decoding with
+the cache against recomputation, and the errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.inference.adapters import IncrementalDecoder, RecomputingDecoder
+from aiayn.inference.search import beam_search
+from aiayn.model import build_model
+from aiayn.model import quantize as Q
+
+KERNELS = ["int_mm"] + (["onednn"] if Q._onednn_available() else [])
+
+
+def test_quantize_rows_golden() -> None:
+    x = torch.tensor([[127.0, -64.0, 32.0, 0.0],
+                      [254.0, 1.0, -3.0, 5.0],  # scale 2: 0.5 and -1.5 round to even
+                      [0.0, 0.0, 0.0, 0.0]])  # all zero: scale 1
+    x8, scale = Q.quantize_rows(x)
+    assert x8.dtype == torch.int8
+    assert x8.tolist() == [[127, -64, 32, 0], [127, 0, -2, 2], [0, 0, 0, 0]]
+    assert scale[:, 0].tolist() == [1.0, 2.0, 1.0]
+    u8, scale_u = Q._quantize_rows_uint8(x)
+    assert torch.equal(u8.long() - 128, x8.long()) and torch.equal(scale_u, scale)
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The scheme spelled out with an int64 matmul."""
+    x8, xs = Q.quantize_rows(x)
+    w8, ws = Q.quantize_rows(weight)
+    acc = (x8.long() @ w8.long().t()).float()
+    y = acc * ws[:, 0] * xs
+    return y if bias is None else y + bias
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", [(5, 16, 24), (1, 7, 3), (33, 64, 130)])
+def test_int8_linear_matches_the_integer_reference(kernel: str, shape: tuple[int, int, int]) -> None:
+    torch.manual_seed(0)
+    m, k, n = shape
+    lin = nn.Linear(k, n)
+    x = torch.randn(2, m, k) * 3
+    q = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
+    with torch.no_grad():
+        out = q(x)
+        expected = _reference(x.reshape(-1, k), lin.weight, lin.bias).view(2, m, n)
+    assert out.shape == (2, m, n) and out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_int8_linear_error_is_the_quantization_error() -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(512, 512)
+    x = torch.randn(64, 512)
+    with torch.no_grad():
+        exact = lin(x)
+        out = Q.Int8Linear(lin.weight, lin.bias)(x)
+    rel = (out - exact).norm() / exact.norm()
+    # Two roundings of 8 bits each: ~1% here; a wrong scale or transposed weight gives ~100%.
+    assert 1e-4 < rel < 0.02
+
+
+def test_the_two_kernels_agree() -> None:
+    if len(KERNELS) < 2:
+        pytest.skip("oneDNN's int8 linear is not in this torch build")
+    torch.manual_seed(1)
+    lin = nn.Linear(40, 72)
+    x = torch.randn(9, 40)
+    with torch.no_grad():
+        a = Q.Int8Linear(lin.weight, lin.bias, kernel="onednn")(x)
+        b = Q.Int8Linear(lin.weight, lin.bias, kernel="int_mm")(x)
+    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def _model(seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                      src_vocab_size=40, tgt_vocab_size=40, max_positions=64, dropout=0.0)
+    return build_model(cfg).eval()
+
+
+def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
+    model = _model()
+    src = torch.randint(4, 40, (3, 9))
+    tgt = torch.randint(4, 40, (3, 7))
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(src, tgt), -1)
+        Q.quantize_int8(model)
+        out = torch.log_softmax(model(src, tgt), -1)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    n_int8 = sum(isinstance(m, Q.Int8Linear) for m in model.modules())
+    # 2 x 6 in the encoder, 2 x 10 in the decoder (+ fused QKV per attention), 1 output
+    assert n_int8 == 2 * (4 + 1 + 2) + 2 * (8 + 2 + 2) + 1
+    assert model.output_int8 is not None
+    assert (out - ref).abs().max() < 0.1  # log-probabilities of a random model
+    assert not torch.equal(out, ref)
+
+
+def test_quantized_cache_decoding_equals_recomputation() -> None:
+    model = Q.quantize_int8(_model(2))
+    src = torch.randint(4, 40, (4, 8))
+    cfg = DecodeConfig(beam=3, max_len_a=0.0, max_len_b=6, min_len=6)
+    with torch.inference_mode():
+        fast = beam_search(IncrementalDecoder(model), src, cfg)
+        slow = beam_search(RecomputingDecoder(model), src, cfg)
+    for f, s in zip(fast, slow):
+        assert [h.tokens for h in f] == [h.tokens for h in s]
+        for hf, hs in zip(f, s):
+            assert hf.score == pytest.approx(hs.score, abs=1e-4)
+
+
+def test_quantized_model_is_inference_only() -> None:
+    model = _model()
+    with pytest.raises(ValueError, match="eval mode"):
+        Q.quantize_int8(model.train())
+    Q.quantize_int8(model.eval())
+    x = torch.randn(2, 32, requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot be trained"):
+        model.encoder_layers[0].ffn.w_1(x)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        Q.Int8Linear(torch.randn(3, 4), kernel="avx9")
