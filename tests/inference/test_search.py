@@ -368,3 +368,41 @@ def test_top_p_keeps_the_nucleus() -> None:
     assert kept.tolist() == [[True, True, True, False]]
     kept = torch.isfinite(_filter_top_k_top_p(logits.clone(), 2, 1.0))
     assert kept.tolist() == [[True, True, False, False]]
+
+
+@pytest.mark.parametrize("shape", [(7, 5000), (3, 4096), (2, 130)])
+def test_row_topk_equals_torch_topk(shape: tuple[int, int]) -> None:
+    from aiayn.inference.search import row_topk
+
+    torch.manual_seed(0)
+    x = torch.randn(shape).log_softmax(-1)
+    x[0, :] = float("-inf")  # a row with one finite value (only EOS allowed at the maximum length)
+    x[0, EOS_ID] = -3.0
+    x[1, ::2] = float("-inf")  # masked columns
+    x[-1, -1] = 5.0  # the best value in the last, partial block
+    for k in (1, 8):
+        vals, cols = row_topk(x, k)
+        ref_vals, ref_cols = x.topk(k, dim=1)
+        assert torch.equal(vals, ref_vals)
+        finite = torch.isfinite(ref_vals)  # equal -inf values may come from other columns
+        assert torch.equal(cols[finite], ref_cols[finite])
+        assert torch.equal(x.gather(1, cols), vals)
+
+
+def test_beam_search_with_a_large_vocabulary_is_unchanged_by_row_topk(monkeypatch) -> None:
+    import aiayn.inference.search as S
+    from aiayn.config import ModelConfig
+    from aiayn.inference.adapters import IncrementalDecoder
+    from aiayn.model import build_model
+
+    torch.manual_seed(3)
+    model = build_model(ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=1,
+                                    src_vocab_size=5000, tgt_vocab_size=5000, max_positions=64)).eval()
+    src = torch.randint(4, 5000, (3, 6))
+    cfg = _cfg(beam=4, lenpen=0.6, max_len_b=8)
+    with torch.inference_mode():
+        fast = beam_search(IncrementalDecoder(model), src, cfg)
+        monkeypatch.setattr(S, "row_topk", lambda x, k: x.topk(k, dim=1))
+        plain = beam_search(IncrementalDecoder(model), src, cfg)
+    assert [[h.tokens for h in hyps] for hyps in fast] == [[h.tokens for h in hyps] for hyps in plain]
+    assert [[h.score for h in hyps] for hyps in fast] == [[h.score for h in hyps] for hyps in plain]

@@ -20,13 +20,13 @@ KERNELS = ["int_mm"] + (["onednn"] if Q._onednn_available() else [])
 def test_quantize_rows_golden() -> None:
     x = torch.tensor([[127.0, -64.0, 32.0, 0.0],
                       [254.0, 1.0, -3.0, 5.0],  # scale 2: 0.5 and -1.5 round to even
-                      [0.0, 0.0, 0.0, 0.0]])  # all zero: scale 1
+                      [0.0, 0.0, 0.0, 0.0]])  # all zero: any positive scale
     x8, scale = Q.quantize_rows(x)
     assert x8.dtype == torch.int8
     assert x8.tolist() == [[127, -64, 32, 0], [127, 0, -2, 2], [0, 0, 0, 0]]
-    assert scale[:, 0].tolist() == [1.0, 2.0, 1.0]
-    u8, scale_u = Q._quantize_rows_uint8(x)
-    assert torch.equal(u8.long() - 128, x8.long()) and torch.equal(scale_u, scale)
+    assert scale[:2, 0].tolist() == [1.0, 2.0] and scale[2, 0] > 0
+    full = torch.tensor([[-128, -127, -1, 0, 1, 127]], dtype=torch.int8)
+    assert Q._as_uint8(full.clone()).tolist() == [[0, 1, 127, 128, 129, 255]]
 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

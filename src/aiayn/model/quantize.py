@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 _QMAX = 127.0
 _ZERO_POINT = 128  # int8 -> uint8 for oneDNN: x8 + 128
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def _onednn_available() -> bool:
@@ -51,17 +52,15 @@ KERNEL = "onednn" if _onednn_available() else "int_mm"
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Symmetric int8 quantization of each row: x (M, K) -> x8 (M, K) int8, scale (M, 1).
 
-    All-zero rows get scale 1 (their int8 row is zero either way)."""
-    scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    All-zero rows get the smallest positive scale (their int8 row is zero either way)."""
+    scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX).clamp_(min=_TINY)
+    # round, then convert: float -> int8 truncates (and is several times faster than -> uint8)
     return (x / scale).round_().to(torch.int8), scale
 
 
-def _quantize_rows_uint8(x: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`quantize_rows` shifted by the zero point, in one pass fewer than shifting after."""
-    scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    return (x / scale).round_().add_(_ZERO_POINT).to(torch.uint8), scale
+def _as_uint8(x8: Tensor) -> Tensor:
+    """x8 + 128 as uint8, in place: flipping the sign bit of the two's-complement byte."""
+    return x8.view(torch.uint8).bitwise_xor_(0x80)
 
 
 class Int8Linear(nn.Module):
@@ -93,14 +92,14 @@ class Int8Linear(nn.Module):
             raise RuntimeError("Int8Linear is for inference; a quantized model cannot be trained")
         lead = x.shape[:-1]
         x = x.reshape(-1, self.in_features).float()  # (M, K)
+        x8, x_scale = quantize_rows(x)
         if self.kernel == "onednn":
-            xu, x_scale = _quantize_rows_uint8(x)
+            xu = _as_uint8(x8)
             # (xu - 128) W8^T * s_w: exact integer products, scaled by s_w in the epilogue
             y = torch.ops.onednn.qlinear_pointwise(
                 xu, 1.0, _ZERO_POINT, self.packed_weight, self.weight_scale, self._weight_zero_point,
                 None, 1.0, 0, torch.float32, "none", [], "")
         else:
-            x8, x_scale = quantize_rows(x)
             y = torch._int_mm(x8, self.packed_weight) * self.weight_scale  # int32 -> float32
         y.mul_(x_scale)  # (M, N)
         if self.bias is not None:
