@@ -46,3 +46,15 @@ def test_demo_as_shipped_reaches_95_percent(tmp_path: Path) -> None:
     assert match, last
     assert float(match.group(1)) >= 95.0
     assert (tmp_path / "demo" / "attention.png").read_bytes().startswith(PNG)
+
+    # The trained model decoded in int8 (aiayn.model.quantize) keeps its accuracy.
+    from aiayn.demo import _held_out, synthetic_config
+    from aiayn.inference.translator import Translator
+
+    pairs = _held_out(synthetic_config(), 400)
+    best = tmp_path / "demo" / "checkpoints" / "best"
+    int8 = Translator.from_checkpoint(best, dtype="int8").translate([s for s, _ in pairs])
+    fp32 = Translator.from_checkpoint(best).translate([s for s, _ in pairs])
+    accuracy = 100.0 * sum(h == t for h, (_, t) in zip(int8, pairs)) / len(pairs)
+    assert accuracy >= 95.0
+    assert sum(a != b for a, b in zip(int8, fp32)) <= 8  # at most 2% of the outputs change
