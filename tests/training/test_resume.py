@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -95,7 +96,9 @@ def _train_here(args: list[str]) -> None:
     from aiayn.cli.main import main
 
     torch.set_num_threads(1)  # as the subprocesses (module fixtures run before _one_thread)
-    with pytest.raises(SystemExit) as exc:
+    # and their environment: the trainer applies $AIAYN_NUM_THREADS, which a caller's
+    # shell may set to 2 (bit-identical resume needs the same thread count on both sides)
+    with mock.patch.dict(os.environ, _env()), pytest.raises(SystemExit) as exc:
         main(["train", *args])
     assert exc.value.code == 0
 
