@@ -290,6 +290,11 @@ class TrainConfig:
 # ------------------------------------------------------------------------ decoding
 
 
+# Inference precisions (`aiayn translate|evaluate|serve|plot|parse --dtype`): fp32 as trained,
+# bf16 (weights cast), fp16 (GPU only), int8 (CPU only: aiayn.model.quantize).
+INFERENCE_DTYPES = ("fp32", "bf16", "fp16", "int8")
+
+
 @dataclass
 class DecodeConfig:
     """Section 6.1: beam 4, alpha 0.6, max output length = input length + 50."""

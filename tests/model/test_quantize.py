@@ -94,8 +94,8 @@ def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
         out = torch.log_softmax(model(src, tgt), -1)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     n_int8 = sum(isinstance(m, Q.Int8Linear) for m in model.modules())
-    # 2 x 6 in the encoder, 2 x 10 in the decoder (+ fused QKV per attention), 1 output
-    assert n_int8 == 2 * (4 + 1 + 2) + 2 * (8 + 2 + 2) + 1
+    # per layer: 4 (+ 4 cross) attention projections, 1 fused self-attention QKV, 2 FFN; 1 output
+    assert n_int8 == 2 * (4 + 1 + 2) + 2 * (8 + 1 + 2) + 1
     assert model.output_int8 is not None
     assert (out - ref).abs().max() < 0.1  # log-probabilities of a random model
     assert not torch.equal(out, ref)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn.config import INFERENCE_DTYPES
 from aiayn.errors import AiaynError
 
 EPILOG = """\
@@ -53,7 +54,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-len-b", type=int, help="see --max-len-a (default 300)")
     g.add_argument("--batch-tokens", type=int, help="padded source tokens per batch (default: the checkpoint's)")
     g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
-    g.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16", "int8"), help="default fp32")
+    g.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help="default fp32")
     g.add_argument("--threads", type=int, help="CPU threads (default: $AIAYN_NUM_THREADS, else torch's)")
     p.set_defaults(func=run)
 

@@ -6,6 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
+from aiayn.config import INFERENCE_DTYPES
 from aiayn.errors import AiaynError
 
 
@@ -44,7 +45,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--size", type=_size, default=None, help="WIDTHxHEIGHT in pixels (default: from the lengths)")
     a.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's)")
     a.add_argument("--device", default="cpu")
-    a.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16", "int8"))
+    a.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES)
     a.set_defaults(func=run_attention)
 
 

@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import sys
 
+from aiayn.config import INFERENCE_DTYPES
 from aiayn.errors import AiaynError
 
 
@@ -23,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16", "int8"), help="inference dtype")
+    p.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help="inference dtype")
     p.add_argument("--compute-type", default="default",
                    help="with --ctranslate2: CTranslate2's compute type (default: as exported; int8, "
                         "int8_float32, float32, bfloat16, ...)")

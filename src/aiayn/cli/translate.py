@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from aiayn.config import INFERENCE_DTYPES
 from aiayn.errors import AiaynError, DataError
 
 FORMAT_HELP = """\
@@ -57,7 +58,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
-    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16", "int8"),
+    p.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES,
                    help="fp32, bf16 (CPU or GPU), fp16 (GPU only) or int8 (CPU only: int8 weights and "
                         "per-token int8 inputs for every linear layer); default fp32")
 

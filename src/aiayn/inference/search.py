@@ -207,22 +207,25 @@ def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor
     The k largest values of a row lie in the k blocks (of ``block`` columns) with the largest
     maxima: a block outside those has a maximum below k others, each a distinct larger value.
     So: block maxima (one vectorised reduction), the k best blocks, top-k among their k*block
-    columns. torch.topk's CPU kernel selects over all V with a scalar partial sort (256 x
-    32,000, k = 8: 11.4 ms vs 4.1 ms, docs/benchmarks.md). Values equal torch.topk's; among
-    exactly equal values either may pick a different index. Small rows go to torch.topk.
+    columns and the last, partial block. torch.topk's CPU kernel selects over all V with a
+    scalar partial sort (256 x 32,000, k = 8: 11.4 ms vs 4.1 ms, docs/benchmarks.md). Values
+    equal torch.topk's; among exactly equal values either may pick a different index. Rows of
+    fewer than 4k blocks go to torch.topk.
     """
     rows, v = x.shape
-    n_blocks = -(-v // block)
+    n_blocks = v // block
     if n_blocks < 4 * k:
         return x.topk(k, dim=1)
-    if n_blocks * block != v:
-        x = F.pad(x, (0, n_blocks * block - v), value=NEG_INF)
-    blocks = x.view(rows, n_blocks, block)
-    best_blocks = blocks.amax(dim=2).topk(k, dim=1).indices  # (R, k)
-    cand = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, block))  # (R, k, block)
-    vals, pos = cand.view(rows, k * block).topk(k, dim=1)  # (R, k)
-    cols = best_blocks.gather(1, pos // block) * block + pos % block
-    return vals, cols
+    full = n_blocks * block
+    blocks = x[:, :full].unflatten(1, (n_blocks, block))  # (R, n_blocks, block), a view
+    best = blocks.amax(dim=2).topk(k, dim=1).indices  # (R, k)
+    cand = blocks.gather(1, best[:, :, None].expand(-1, -1, block)).flatten(1)  # (R, k*block)
+    cols = (best[:, :, None] * block + torch.arange(block, device=x.device)).flatten(1)
+    if full < v:  # the partial block is always a candidate
+        cand = torch.cat([cand, x[:, full:]], dim=1)
+        cols = torch.cat([cols, torch.arange(full, v, device=x.device).expand(rows, -1)], dim=1)
+    vals, pos = cand.topk(k, dim=1)  # (R, k)
+    return vals, cols.gather(1, pos)
 
 
 def _log_probs(logits: Tensor) -> Tensor:

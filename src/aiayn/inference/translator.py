@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.config import Config, DecodeConfig
+from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.search import BOS_ID, EOS_ID, PAD_ID, SearchHypothesis, search
@@ -40,8 +40,6 @@ log = logging.getLogger(__name__)
 
 DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
-# What --dtype offers for inference: int8 is aiayn.model.quantize (CPU only).
-INFERENCE_DTYPES = ("fp32", "bf16", "fp16", "int8")
 
 # How bf16 runs: "cast" converts the weights (model.to(bfloat16)); "autocast" keeps fp32
 # weights and lets torch.autocast pick per op. On the 2-core CPU of

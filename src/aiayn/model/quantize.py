@@ -122,23 +122,21 @@ def quantize_int8(model: Transformer) -> Transformer:
     """Rewrite a :class:`~aiayn.model.Transformer` for int8 CPU inference, in place.
 
     Every ``nn.Linear`` of the encoder and decoder layers (attention projections, feed-forward
-    layers) becomes an :class:`Int8Linear`; each attention module gets ``qkv_int8``, its
-    W_Q, W_K, W_V side by side (the fused projection of decoding), and the model gets
+    layers) becomes an :class:`Int8Linear`; each self-attention gets ``qkv_int8``, its
+    W_Q, W_K, W_V side by side (the fused projection of inference), and the model gets
     ``output_int8``, the pre-softmax projection. The embeddings stay float: they are looked
     up, and a tied projection's float copy is that embedding.
     """
-    from aiayn.model.attention import MultiHeadAttention
-
     if model.training:
         raise ValueError("quantize_int8: put the model in eval mode first (it is for inference)")
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("quantize_int8: int8 inference runs on the CPU")
     model.output_int8 = Int8Linear(model.output_weight)
     for stack in (model.encoder_layers, model.decoder_layers):
-        for attn in stack.modules():
-            if isinstance(attn, MultiHeadAttention):
-                lins = (attn.w_q, attn.w_k, attn.w_v)
-                attn.qkv_int8 = Int8Linear(torch.cat([lin.weight for lin in lins]),
-                                           torch.cat([lin.bias for lin in lins]))
+        for layer in stack:  # self-attention projects Q, K, V of one input: fused
+            attn = layer.self_attn
+            lins = (attn.w_q, attn.w_k, attn.w_v)
+            attn.qkv_int8 = Int8Linear(torch.cat([lin.weight for lin in lins]),
+                                       torch.cat([lin.bias for lin in lins]))
         _replace_linears(stack)
     return model
