@@ -131,7 +131,7 @@ def quantize_int8(model: Transformer) -> Transformer:
         raise ValueError("quantize_int8: put the model in eval mode first (it is for inference)")
     if next(model.parameters()).device.type != "cpu":
         raise ValueError("quantize_int8: int8 inference runs on the CPU")
-    model.output_int8 = Int8Linear(model.output_weight)
+    model.output_int8 = Int8Linear(model.output_weight, model.output_bias)
     for stack in (model.encoder_layers, model.decoder_layers):
         for layer in stack:  # self-attention projects Q, K, V of one input: fused
             attn = layer.self_attn

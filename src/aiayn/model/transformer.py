@@ -66,8 +66,7 @@ class Transformer(nn.Module):
     def project(self, h: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits (..., V)."""
         if self.output_int8 is not None:
-            out = self.output_int8(h)
-            return out if self.output_bias is None else out.add_(self.output_bias)
+            return self.output_int8(h)  # int8 weight, output bias included
         return F.linear(h, self.output_weight, self.output_bias)
 
     def project_step(self, h: Tensor) -> Tensor:
