@@ -47,11 +47,11 @@ def make_tiny_checkpoint(out_dir: str | Path, seed: int = 0, max_len_b: int = 8)
     """
     import torch
 
+    from aiayn.checkpoint.io import save_checkpoint
     from aiayn.config import Config, DataConfig, DecodeConfig, model_preset
     from aiayn.data.synthetic import generate
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
-    from aiayn.training.checkpoint import save_checkpoint
 
     out_dir = Path(out_dir)
     pairs = generate("toy", 400, seed=seed, min_len=3, max_len=10)

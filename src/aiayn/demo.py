@@ -107,9 +107,9 @@ def run_demo(out_dir: str | Path = "runs/demo", dataset: str | None = None, data
              task: str = "reverse", n_examples: int = 5, n_held_out: int = 400,
              overrides: list[str] | None = None, echo=print) -> DemoResult:
     """Train, translate and report; ``echo`` prints the human-readable lines (the CLI's print)."""
+    from aiayn.checkpoint.io import resolve_checkpoint
     from aiayn.config import apply_overrides
     from aiayn.inference.translator import Translator
-    from aiayn.training.checkpoint import resolve_checkpoint
     from aiayn.training.trainer import run_training
 
     out = Path(out_dir)

@@ -32,9 +32,9 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from aiayn.checkpoint.io import save_checkpoint
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
-    from aiayn.training.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("translator")
     tok = train_tokenizer(_sentences(WORDS_EN, 300, 1), _sentences(WORDS_DE, 300, 2), root / "spm",
@@ -50,8 +50,8 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def second_checkpoint(tiny_checkpoint: Path) -> Path:
     """The same model configuration and tokenizer with other random weights."""
+    from aiayn.checkpoint.io import load_checkpoint, save_checkpoint
     from aiayn.model import build_model
-    from aiayn.training.checkpoint import load_checkpoint, save_checkpoint
 
     loaded = load_checkpoint(tiny_checkpoint)
     torch.manual_seed(1)

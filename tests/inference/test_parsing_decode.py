@@ -42,9 +42,9 @@ def gold_trees() -> list:
 @pytest.fixture(scope="module")
 def parsing_checkpoint(tmp_path_factory: pytest.TempPathFactory, gold_trees: list) -> Path:
     """Random weights over real separate vocabularies: BPE over words, one piece per symbol."""
+    from aiayn.checkpoint.io import save_checkpoint
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
-    from aiayn.training.checkpoint import save_checkpoint
 
     root = tmp_path_factory.mktemp("parsing")
     words = [" ".join(t.leaves()) for t in gold_trees] * 20

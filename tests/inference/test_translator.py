@@ -133,7 +133,7 @@ def test_int8(tiny_checkpoint: Path, english: list[str]) -> None:
 
 
 def test_trainer_style_construction(tiny_checkpoint: Path, english: list[str]) -> None:
-    from aiayn.training.checkpoint import load_checkpoint
+    from aiayn.checkpoint.io import load_checkpoint
 
     loaded = load_checkpoint(tiny_checkpoint)
     tr = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)

@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from aiayn.checkpoint.io import save_checkpoint
 from aiayn.config import Config, DecodeConfig, model_preset
 from aiayn.model import Transformer, build_model
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer
-from aiayn.training.checkpoint import save_checkpoint
 from aiayn.training.loss import label_smoothed_nll_loss
 
 # No downloads: everything these tests load is written by the tests themselves.

@@ -11,13 +11,13 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
+from aiayn.checkpoint.io import save_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import Config, DecodeConfig, model_preset  # noqa: E402
 from aiayn.interop.hf_marian import InteropError, export_hf, model_dim_permutation  # noqa: E402
 from aiayn.model import build_model  # noqa: E402
 from aiayn.model.embeddings import sinusoid_table  # noqa: E402
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402
-from aiayn.training.checkpoint import save_checkpoint  # noqa: E402
 
 
 def _load_hf(out: Path) -> tuple:

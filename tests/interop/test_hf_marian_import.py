@@ -14,11 +14,11 @@ transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
+from aiayn.checkpoint.io import load_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import DecodeConfig  # noqa: E402
 from aiayn.interop.hf_marian import PAD_LOGIT_BIAS, InteropError, export_hf, import_hf  # noqa: E402
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer  # noqa: E402
-from aiayn.training.checkpoint import load_checkpoint  # noqa: E402
 
 
 def _marian_spm(texts: list[str], vocab_size: int, model_type: str) -> bytes:

@@ -34,7 +34,8 @@ train: {{max_tokens: 96, max_steps: {steps}, lr_schedule: noam, warmup_steps: 4,
 # checkpoint of that step), or in the middle of writing the checkpoint of `save`.
 DRIVER = textwrap.dedent("""
     import os, signal, sys
-    from aiayn.training import checkpoint, trainer
+    from aiayn.checkpoint import io as checkpoint
+    from aiayn.training import trainer
     mode, at = sys.argv[1], int(sys.argv[2])
     if mode == "step":
         real_step = trainer.Trainer.train_step

@@ -4,10 +4,10 @@ import json
 import pytest
 import torch
 
+from aiayn.checkpoint import io as ck
 from aiayn.data.batching import BatchIterator, collate
 from aiayn.errors import AiaynError
 from aiayn.model import build_model
-from aiayn.training import checkpoint as ck
 from aiayn.training.trainer import Trainer, TrainingError
 
 

@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.training.average import average_checkpoints, last_checkpoints
+    from aiayn.checkpoint.average import average_checkpoints, last_checkpoints
 
     if args.last is not None:
         if len(args.inputs) != 1:

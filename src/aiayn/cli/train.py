@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_dir_of(resume: Path) -> Path:
     """The run directory a --resume path belongs to."""
-    from aiayn.training.checkpoint import CHECKPOINTS_DIR, MODEL_FILE
+    from aiayn.checkpoint.io import CHECKPOINTS_DIR, MODEL_FILE
 
     if resume.is_file():  # a last/best pointer
         resume = resume.parent
@@ -52,8 +52,8 @@ def _run_dir_of(resume: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn.checkpoint.io import CONFIG_FILE, resolve_checkpoint
     from aiayn.config import apply_overrides, dump_config, load_config
-    from aiayn.training.checkpoint import CONFIG_FILE, resolve_checkpoint
 
     overrides = list(args.overrides)
     if args.dtype:

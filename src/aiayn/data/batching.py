@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from aiayn.errors import DataError
-from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID
 
 log = logging.getLogger(__name__)
 

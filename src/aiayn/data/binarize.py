@@ -30,7 +30,8 @@ import numpy as np
 
 from aiayn.data.corpus import FilterConfig, drop_reason
 from aiayn.errors import DataError
-from aiayn.text.tokenizer import PAD_ID, Tokenizer
+from aiayn.text.tokenizer import Tokenizer
+from aiayn.vocab import PAD_ID
 
 log = logging.getLogger(__name__)
 

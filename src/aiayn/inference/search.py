@@ -35,12 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
+from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 logger = logging.getLogger(__name__)
 
-# The special ids of aiayn.text.tokenizer; repeated here so that the search can be used
-# (and tested) without a tokenizer. Every search function takes them as arguments too.
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 NEG_INF = float("-inf")
 # The log-probability given to a forced token (EOS at the maximum length, a prefix token)

@@ -32,9 +32,10 @@ from torch import Tensor
 from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
-from aiayn.inference.search import BOS_ID, EOS_ID, PAD_ID, SearchHypothesis, search
+from aiayn.inference.search import SearchHypothesis, search
 from aiayn.model import Transformer
 from aiayn.model.quantize import quantize_int8
+from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": tor
 # benchmarks/decode_speed_notes.md, casting the weights was the faster of the two, with the
 # same outputs on the test models; autocast re-casts every weight matrix at every step.
 BF16_MODE = "cast"
-
-EOS_PIECE = "</s>"
 
 
 @dataclass
@@ -146,7 +145,7 @@ class Translator:
         or a ``last``/``best`` pointer). Several paths: their weights are averaged; the
         configuration and tokenizer come from the last one, and all must have the same model
         configuration."""
-        from aiayn.training import checkpoint as ckpt_io
+        from aiayn.checkpoint import io as ckpt_io
 
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
@@ -274,7 +273,7 @@ def _pad(seqs: list[list[int]]) -> Tensor:
 
 def _load_average(model: Transformer, cfg: Config, paths: Sequence[str | Path], ckpt_io: Any) -> None:
     """Replace ``model``'s weights with the element-wise mean over ``paths``."""
-    from aiayn.training.average import average_weights
+    from aiayn.checkpoint.average import average_weights
 
     averaged, _, dirs = average_weights(list(paths))
     model.load_state_dict(averaged, strict=True)

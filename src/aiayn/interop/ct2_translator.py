@@ -33,10 +33,10 @@ from aiayn.errors import ConfigError
 from aiayn.inference.translator import Hypothesis, TranslationResult
 from aiayn.interop.ctranslate2 import CONFIG_FILE
 from aiayn.interop.hf_marian import InteropError, require
+from aiayn.vocab import EOS_PIECE
 
 log = logging.getLogger(__name__)
 
-EOS_PIECE = "</s>"
 REQUIRED = ("model.bin", "source.spm", "target.spm")
 
 

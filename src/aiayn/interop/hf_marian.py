@@ -53,6 +53,7 @@ from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.interop import spm_proto
 from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
+from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
 
 if TYPE_CHECKING:
     from aiayn.model import Transformer
@@ -60,9 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# aiayn's fixed special ids and pieces (aiayn.text.tokenizer).
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 
 # Output bias of the PAD row added on import. Its logit is then <= -100 + 0 (zero
 # embedding), exp(-100 - max_logit) is far below float32 resolution next to the
@@ -373,7 +371,7 @@ def _check_positions(hf_model: Any, cfg: ModelConfig) -> None:
 
 
 def load_for_export(checkpoint: str | os.PathLike) -> tuple[Transformer, Config, Tokenizer]:
-    from aiayn.training.checkpoint import load_checkpoint, load_checkpoint_config, resolve_checkpoint
+    from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint
 
     # Check the architecture before loading weights: the error should be about the model.
     check_exportable(load_checkpoint_config(resolve_checkpoint(checkpoint)).model)
@@ -659,7 +657,7 @@ def _id(vocab: dict[str, int], name: str, hf_dir: Path) -> int:
 
 def import_hf(hf_dir: str | os.PathLike, out_checkpoint: str | os.PathLike, force: bool = False) -> Path:
     """``aiayn import hf``: convert a local MarianMT directory into an aiayn checkpoint."""
-    from aiayn.training.checkpoint import save_checkpoint
+    from aiayn.checkpoint.io import save_checkpoint
 
     out = Path(out_checkpoint)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:

@@ -42,7 +42,11 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    # Without VNNI (or AMX) oneDNN's x86 int8 kernels multiply uint8 x int8 pairs with
+    # vpmaddubsw, whose int16 sums saturate: wrong results for full-range inputs. There,
+    # torch._int_mm computes the exact integer products.
+    exact = torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()
+    return exact and torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
 # Which kernel new Int8Linear layers use; tests switch it to compare the two.

@@ -34,12 +34,10 @@ from typing import Any
 import sentencepiece as spm
 
 from aiayn.errors import DataError
+from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 
 log = logging.getLogger(__name__)
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
-PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
-SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID))  # dropped by decode; UNK is kept (decodes to ⁇)
 
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "spm.src.model"

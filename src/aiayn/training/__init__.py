@@ -1,5 +1,4 @@
-"""Training: loss, learning-rate schedules, optimizer, checkpoints, the trainer.
+"""Training: loss, learning-rate schedules, optimizer, the trainer, distributed set-up.
 
-Submodules are imported on demand (``aiayn.training.checkpoint`` is what inference and
-interop code needs; it does not pull in the trainer).
+Checkpoint I/O lives one layer below, in :mod:`aiayn.checkpoint`, shared with inference.
 """

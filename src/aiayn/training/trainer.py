@@ -38,10 +38,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from aiayn.checkpoint import io as ckpt_io
 from aiayn.config import Config, ModelConfig, to_dict
 from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.runtime import resolve_train_dtype
-from aiayn.training import checkpoint as ckpt_io
 from aiayn.training.distributed import (
     DistInfo,
     all_gather_json,

@@ -1,11 +1,11 @@
 import pytest
 import torch
 
+from aiayn.checkpoint import io as ck
+from aiayn.checkpoint.average import average_checkpoints, last_checkpoints
 from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
 from aiayn.model import build_model
-from aiayn.training import checkpoint as ck
-from aiayn.training.average import average_checkpoints, last_checkpoints
 
 
 def _constant_model(cfg, value):

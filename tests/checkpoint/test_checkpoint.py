@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from aiayn.checkpoint import io as ck
 from aiayn.errors import CheckpointError
 from aiayn.model import build_model
-from aiayn.training import checkpoint as ck
 from aiayn.training.optim import build_optimizer
 
 

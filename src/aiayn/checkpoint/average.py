@@ -11,9 +11,9 @@ from pathlib import Path
 
 import torch
 
+from aiayn.checkpoint import io as ckpt_io
 from aiayn.config import Config, to_dict
 from aiayn.errors import CheckpointError
-from aiayn.training import checkpoint as ckpt_io
 
 log = logging.getLogger(__name__)
 
