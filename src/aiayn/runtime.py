@@ -23,6 +23,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from aiayn.errors import ConfigError
+
 if TYPE_CHECKING:  # torch is imported lazily: the allocator is tuned before it loads
     import torch
 
@@ -77,3 +79,37 @@ def resolve_train_dtype(dtype: str, device: torch.device | str) -> str:
     if dtype != "auto":
         return dtype
     return "bf16" if native_bf16(device) else "fp32"
+
+
+# Precision names of configs and command lines -> torch dtypes (None: float32 as stored).
+TORCH_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
+                "fp16": "float16", "float16": "float16"}
+
+
+def torch_dtype(name: str) -> torch.dtype | None:
+    """'fp32' -> None (weights stay as trained), 'bf16' -> torch.bfloat16, 'fp16' -> torch.float16."""
+    import torch
+
+    resolved = TORCH_DTYPES[name]
+    return None if resolved == "float32" else getattr(torch, resolved)
+
+
+def resolve_device(preference: str | torch.device, local_rank: int = 0, field: str = "--device") -> torch.device:
+    """``auto`` -> this rank's CUDA device if there is one, else the CPU; ``cuda`` (no index)
+    -> this rank's GPU; anything else as torch names it. A device that does not exist or is
+    not available is a :class:`~aiayn.errors.ConfigError` naming ``field``."""
+    import torch
+
+    name = str(preference)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"{field} {name}: not a device (cpu, cuda, cuda:N, auto)") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{field} {name}: CUDA is not available on this machine")
+        index = local_rank % torch.cuda.device_count() if device.index is None else device.index
+        return torch.device("cuda", index)
+    return device
