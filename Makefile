@@ -34,6 +34,7 @@ test-slow: $(VENV)/.installed-dev
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cpu_train.py

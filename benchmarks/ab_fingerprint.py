@@ -5,7 +5,7 @@
     python benchmarks/ab_fingerprint.py --workdir /tmp/decwd > after.json; diff before.json after.json
 
 - decode: the decode benchmark's workload (random base model, 64 x 24 sources, beam 4,
-  40 tokens) with fp32, bf16 and int8 weights: a SHA-256 of every hypothesis' tokens and
+  40 tokens) with fp32, int8 and bf16 weights: a SHA-256 of every hypothesis' tokens and
   score (exact float repr), so any change in the numbers shows.
 - train: the demo's synthetic task through the training recipe (seeded, one thread,
   60 updates, validation with beam-search BLEU every 20): the metrics log's losses and
@@ -31,10 +31,10 @@ def _sha(items: object) -> str:
     return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
 
-def decode_fingerprints(root: Path) -> dict[str, str]:
+def decode_fingerprints(root: Path, dtypes: list[str]) -> dict[str, str]:
     cpu_decode.build_models(root)
     out = {}
-    for dtype in ("fp32", "bf16", "int8"):
+    for dtype in dtypes:
         _, hyps = cpu_decode.run_aiayn(root, dtype, runs=1)
         out[dtype] = _sha([[(h.tokens, float(h.score).hex()) for h in sent] for sent in hyps])
     return out
@@ -42,8 +42,8 @@ def decode_fingerprints(root: Path) -> dict[str, str]:
 
 def train_fingerprint(run_dir: Path) -> dict[str, object]:
     from aiayn.checkpoint.io import read_model_weights, resolve_checkpoint
-    from aiayn.demo import synthetic_config
-    from aiayn.training.trainer import run_training
+    from aiayn.recipes.demo import synthetic_config
+    from aiayn.recipes.train import run_training
 
     cfg = synthetic_config()
     cfg.data.synthetic_train_size = 2000
@@ -60,12 +60,15 @@ def train_fingerprint(run_dir: Path) -> dict[str, object]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True, help="where the decode benchmark's models are kept")
+    ap.add_argument("--dtypes", default="fp32,int8,bf16",
+                    help="decoding precisions (bf16 takes long where it is emulated)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     root = Path(args.workdir)
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        result = {"decode": decode_fingerprints(root), "train": train_fingerprint(Path(tmp) / "run")}
+        result = {"decode": decode_fingerprints(root, args.dtypes.split(",")),
+                  "train": train_fingerprint(Path(tmp) / "run")}
     print(json.dumps(result, indent=1, sort_keys=True))
 
 

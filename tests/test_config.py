@@ -8,7 +8,10 @@ import pytest
 
 from aiayn.config import (
     Config,
+    DecodeConfig,
+    DecodeOption,
     apply_overrides,
+    decode_options,
     dump_config,
     load_config,
     model_preset,
@@ -115,3 +118,32 @@ def test_unknown_section_and_bad_files(tmp_path: Path) -> None:
 def test_explicit_head_dim_allows_any_heads() -> None:
     cfg = apply_overrides(Config(), ["model.n_heads=7", "model.d_head=32"])
     assert cfg.model.head_dim == 32
+
+
+def test_every_decode_field_declares_its_option() -> None:
+    """DecodeConfig is the one declaration of the decoding options: each field says how the
+    command lines and the HTTP API show it."""
+    names = [f.name for f, _ in decode_options()]
+    assert names == list(Config().decode.__dataclass_fields__)
+    for f, opt in decode_options():
+        assert isinstance(opt, DecodeOption) and opt.help, f.name
+        if opt.http is not None:
+            assert opt.http.ge <= getattr(DecodeConfig(), f.name) <= opt.http.le, f.name
+    positions = [opt.http.position for _, opt in decode_options() if opt.http is not None]
+    assert len(set(positions)) == len(positions)
+    # Only nbest is a per-call argument (translate_detailed(nbest=...)), not an override.
+    assert [f.name for f, opt in decode_options() if opt.argument] == ["nbest"]
+
+
+def test_decode_with_overrides() -> None:
+    base = DecodeConfig(beam=5, lenpen=1.0)
+    cfg = base.with_overrides(beam=2, lenpen=None, nbest=2)
+    assert (cfg.beam, cfg.lenpen, cfg.nbest) == (2, 1.0, 2)  # None keeps the value
+    assert (base.beam, base.nbest) == (5, 1)  # a copy
+    assert base.with_overrides() == base and base.with_overrides() is not base
+    with pytest.raises(ConfigError, match=r"^decode\.beem: unknown decoding option; choose from .*beam"):
+        base.with_overrides(beem=3)
+    with pytest.raises(ConfigError, match=r"decode\.nbest: must be between 1 and beam=2"):
+        base.with_overrides(beam=2, nbest=3)
+    with pytest.raises(ConfigError, match=r"decode\.lenpen_style: 'x' is not one of gnmt, fairseq"):
+        base.with_overrides(lenpen_style="x")

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,23 +67,7 @@ class ModelConfig:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
 
     def validate(self, prefix: str = "model") -> None:
-        positive = (
-            "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
-            "max_positions",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{prefix}.{name}: must be positive, got {getattr(self, name)}")
-        for name in ("n_encoder_layers", "n_decoder_layers"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
-        if self.d_head is None and self.d_model % self.n_heads != 0:
-            raise ConfigError(
-                f"{prefix}.n_heads: d_model={self.d_model} is not divisible by "
-                f"n_heads={self.n_heads} (set {prefix}.d_head to choose d_k explicitly)"
-            )
-        if self.d_head is not None and self.d_head <= 0:
-            raise ConfigError(f"{prefix}.d_head: must be positive, got {self.d_head}")
+        self._validate_sizes(prefix)
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             p = getattr(self, name)
             if not 0.0 <= p < 1.0:
@@ -103,6 +88,25 @@ class ModelConfig:
             raise ConfigError(f"{prefix}.pad_id: {self.pad_id} is outside the vocabulary")
         if self.layer_norm_eps <= 0:
             raise ConfigError(f"{prefix}.layer_norm_eps: must be positive")
+
+    def _validate_sizes(self, prefix: str) -> None:
+        positive = (
+            "src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
+            "max_positions",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{prefix}.{name}: must be positive, got {getattr(self, name)}")
+        for name in ("n_encoder_layers", "n_decoder_layers"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
+        if self.d_head is None and self.d_model % self.n_heads != 0:
+            raise ConfigError(
+                f"{prefix}.n_heads: d_model={self.d_model} is not divisible by "
+                f"n_heads={self.n_heads} (set {prefix}.d_head to choose d_k explicitly)"
+            )
+        if self.d_head is not None and self.d_head <= 0:
+            raise ConfigError(f"{prefix}.d_head: must be positive, got {self.d_head}")
 
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -291,35 +295,90 @@ class TrainConfig:
 
 
 # Inference precisions (`aiayn translate|evaluate|serve|plot|parse --dtype`): fp32 as trained,
-# bf16 (weights cast), fp16 (GPU only), int8 (CPU only: aiayn.model.quantize).
+# bf16 (weights cast), fp16 (GPU only), int8 (CPU only: aiayn.inference.quantize).
 INFERENCE_DTYPES = ("fp32", "bf16", "fp16", "int8")
+
+LENPEN_STYLES = ("gnmt", "fairseq")
+
+
+@dataclass(frozen=True)
+class HttpField:
+    """How a decoding option appears in ``POST /v1/translate`` (:mod:`aiayn.serving.schemas`).
+
+    ``position`` orders the request's fields as the API first published them (its OpenAPI
+    schema and the "known fields" of an ``unknown_field`` error); the request-only fields
+    ``texts`` (0) and ``attention`` (3) sit among them.
+    """
+
+    ge: int | float
+    le: int | float
+    position: int
+    description: str | None = None
+
+
+@dataclass(frozen=True)
+class DecodeOption:
+    """What the command lines and the HTTP API need to know about one :class:`DecodeConfig`
+    field; the field's own type and default are the rest.
+
+    ``cli=False`` marks an option as config-only (YAML ``decode:`` section and ``decode.x=``
+    overrides, no flag). ``argument=True``: the value is an argument of every call
+    (``translate_detailed(nbest=...)``), defaulting to the field's default, not to the
+    checkpoint's, so it is never one of the "overrides".
+    """
+
+    help: str
+    flag: str | None = None  # None: --field-name
+    choices: tuple[str, ...] | None = None
+    cli: bool = True
+    http: HttpField | None = None
+    argument: bool = False
+
+
+def _option(default: Any, help: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"option": DecodeOption(help, **meta)})
 
 
 @dataclass
 class DecodeConfig:
-    """Section 6.1: beam 4, alpha 0.6, max output length = input length + 50."""
+    """Section 6.1: beam 4, alpha 0.6, max output length = input length + 50.
 
-    beam: int = 4
-    lenpen: float = 0.6
-    lenpen_style: str = "gnmt"  # gnmt: ((5+|Y|)/6)^alpha | fairseq: |Y|^alpha
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    min_len: int = 0
-    nbest: int = 1
-    no_repeat_ngram_size: int = 0
-    batch_tokens: int = 4096
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    The one declaration of the decoding options: each field's :class:`DecodeOption` (see
+    :func:`decode_options`) generates the CLI flags (:mod:`aiayn.cli.options`) and the HTTP
+    request body (:mod:`aiayn.serving.schemas`).
+    """
+
+    beam: int = _option(4, "beam size; 1 = greedy",
+                        http=HttpField(ge=1, le=64, position=1, description="beam size (1 = greedy)"))
+    lenpen: float = _option(0.6, "length-penalty alpha",
+                            http=HttpField(ge=0.0, le=10.0, position=4,
+                                           description="length-penalty alpha (0.6 in the paper)"))
+    lenpen_style: str = _option("gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper); fairseq: |Y|^alpha",
+                                choices=LENPEN_STYLES)
+    max_len_a: float = _option(1.0, "max output tokens = a * source tokens + b",
+                               http=HttpField(ge=0.0, le=10.0, position=5,
+                                              description="max output length = a * source length + b"))
+    max_len_b: int = _option(50, "see --max-len-a", http=HttpField(ge=0, le=1024, position=6))
+    min_len: int = _option(0, "output tokens before EOS is allowed", http=HttpField(ge=0, le=1024, position=7))
+    nbest: int = _option(1, "hypotheses per sentence (<= beam; default 1)", argument=True,
+                         http=HttpField(ge=1, le=64, position=2,
+                                        description="hypotheses returned per sentence (<= beam)"))
+    no_repeat_ngram_size: int = _option(0, "forbid repeating n-grams of this size",
+                                        http=HttpField(ge=0, le=16, position=8))
+    batch_tokens: int = _option(4096, "padded source tokens per batch")
+    sampling: bool = _option(False, "sample instead of searching: --beam K independent samples, "
+                                    "the --nbest best returned")
+    temperature: float = _option(1.0, "sampling temperature")
+    top_k: int = _option(0, "sample among the k most probable tokens (0 = all)")
+    top_p: float = _option(1.0, "nucleus sampling threshold (1 = off)")
+    seed: int = _option(0, "sampling seed")
 
     def validate(self, prefix: str = "decode") -> None:
         if self.beam < 1:
             raise ConfigError(f"{prefix}.beam: must be at least 1, got {self.beam}")
         if not 1 <= self.nbest <= self.beam:
             raise ConfigError(f"{prefix}.nbest: must be between 1 and beam={self.beam}, got {self.nbest}")
-        _choice(prefix, "lenpen_style", self.lenpen_style, ("gnmt", "fairseq"))
+        _choice(prefix, "lenpen_style", self.lenpen_style, LENPEN_STYLES)
         if self.max_len_a < 0 or self.max_len_b < 0 or self.min_len < 0:
             raise ConfigError(f"{prefix}.max_len_a / max_len_b / min_len: must not be negative")
         if self.temperature <= 0:
@@ -328,6 +387,25 @@ class DecodeConfig:
             raise ConfigError(f"{prefix}.top_p: must be in (0, 1]")
         if self.top_k < 0 or self.no_repeat_ngram_size < 0 or self.batch_tokens < 1:
             raise ConfigError(f"{prefix}.top_k / no_repeat_ngram_size / batch_tokens: out of range")
+
+    def with_overrides(self, **overrides: Any) -> DecodeConfig:
+        """A validated copy with ``overrides`` applied; a None value keeps this config's value.
+        An unknown name is a :class:`ConfigError` naming ``decode.<name>``."""
+        names = [f.name for f in dataclasses.fields(self)]
+        changes = {}
+        for key, value in overrides.items():
+            if key not in names:
+                raise ConfigError(f"decode.{key}: unknown decoding option; choose from {', '.join(sorted(names))}")
+            if value is not None:
+                changes[key] = value
+        cfg = dataclasses.replace(self, **changes)
+        cfg.validate()
+        return cfg
+
+
+def decode_options() -> list[tuple[dataclasses.Field, DecodeOption]]:
+    """Every :class:`DecodeConfig` field with its :class:`DecodeOption`, in declaration order."""
+    return [(f, f.metadata["option"]) for f in dataclasses.fields(DecodeConfig)]
 
 
 # ---------------------------------------------------------------------- experiment
@@ -373,47 +451,64 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check/convert one YAML value against a field's type annotation."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{where}: {value!r} has the wrong type (expected {tp})")
+        return _coerce_union(value, tp, where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
-        args = typing.get_args(tp)
-        return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):
-            # YAML 1.1 reads "1e-3" (no dot) as a string; accept what Python reads as a float.
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return value
+        item = typing.get_args(tp)[0]
+        return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if tp in _SCALARS:
+        return _SCALARS[tp](value, where)
     if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where)
+        return from_dict(typing.cast(type, tp), value, where)
     return value
+
+
+def _coerce_union(value: Any, tp: Any, where: str) -> Any:
+    args = typing.get_args(tp)
+    if value is None and type(None) in args:
+        return None
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, where)
+        except ConfigError:
+            continue
+    raise ConfigError(f"{where}: {value!r} has the wrong type (expected {tp})")
+
+
+def _as_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    return value
+
+
+def _as_float(value: Any, where: str) -> float:
+    if isinstance(value, str):
+        # YAML 1.1 reads "1e-3" (no dot) as a string; accept what Python reads as a float.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    return float(value)
+
+
+def _as_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+_SCALARS: dict[Any, Callable[[Any, str], Any]] = {bool: _as_bool, int: _as_int, float: _as_float, str: _as_str}
 
 
 def from_dict(cls: type, data: Any, where: str = "") -> Any:

@@ -1,28 +1,48 @@
-"""Files the project writes: written beside their final name, renamed into place on success.
+"""Files the project writes and text files it reads, one implementation of each.
 
-One rule for every output, file or directory: nothing is ever left half-written under its
-final name, and what was there before is replaced only once the new version is complete.
-A crash (or Ctrl-C, or SIGKILL) leaves either the old output or the new one, plus at most a
-hidden ``.NAME.tmp-*`` beside it.
+**Writing.** Nothing is ever left half-written under its final name, and what was there
+before is replaced only once the new version is complete. Everything is written beside its
+final name and renamed into place, so a crash (or Ctrl-C, or SIGKILL) leaves either the old
+output or the new one, plus at most a hidden ``.NAME.tmp-*`` beside it (``prefix`` chooses
+another name where a cleaner must recognise it, e.g. checkpoints)::
 
     with atomic_file(path) as f:          # text by default; mode="wb" for bytes
         f.write(...)
     write_atomic(path, "text or bytes")
+    with atomic_path(path) as tmp:        # anything that writes to a path, then verify it
+        shutil.copyfile(src, tmp)
     with atomic_dir(out, force=False) as tmp:   # refuses a non-empty `out` unless force
         (tmp / "model.bin").write_bytes(...)
+
+Outputs get the permissions ``open()`` / ``mkdir()`` would give them (umask applied).
+``durable`` fsyncs the data and the directory entries, for outputs that must survive a
+power cut (checkpoints, their pointers); outputs that can be regenerated may skip it.
+
+**Reading.** :func:`iter_text_lines` reads a plain or gzip-compressed (``.gz`` suffix or
+the gzip magic bytes) UTF-8 text file line by line: lines end at ``\\n`` only (so a stray
+U+2028 or form feed inside a sentence cannot shift a line count), a leading byte-order mark
+is dropped, and what else is stripped is the caller's choice (``strip``). Invalid UTF-8 is
+an error naming ``path:line`` and the byte, or its line is decoded with U+FFFD
+(``replace``), or it is given as ``None`` (``skip``); a corrupt gzip stream is an error
+naming the line where it broke.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, DataError
+
+# ============================================================================ writing
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -44,57 +64,115 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.fsync(f.fileno())
 
 
-@contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8",
-                durable: bool = True) -> Iterator[IO[Any]]:
-    """An open temporary file beside ``path`` that becomes ``path`` when the block succeeds.
+def fsync_tree(directory: str | os.PathLike) -> None:
+    """fsync every file below ``directory``, then every directory (the entries naming them)."""
+    directory = Path(directory)
+    dirs = [directory]
+    for p in sorted(directory.rglob("*")):
+        if p.is_dir():
+            dirs.append(p)
+        elif p.is_file():
+            fsync_file(p)
+    for d in dirs:
+        fsync_dir(d)
 
-    ``durable`` fsyncs the data and the directory (checkpoints, prepared data); outputs that
-    can be regenerated may skip it.
+
+def temp_prefix(path: Path) -> str:
+    """The default prefix of the temporaries written for ``path``."""
+    return f".{path.name}.tmp-"
+
+
+def _create_unique(parent: Path, prefix: str, create: Callable[[Path], None]) -> Path:
+    # tempfile's mkstemp/mkdtemp create 0600/0700 entries; an output should get the
+    # permissions open()/mkdir() give (umask applied), so the entry is made here.
+    for _ in range(100):
+        candidate = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            create(candidate)
+        except FileExistsError:
+            continue
+        return candidate
+    raise FileExistsError(f"{parent}: no unused temporary name {prefix}*")
+
+
+def _create_file(path: Path) -> None:
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, durable: bool = True, prefix: str | None = None) -> Iterator[Path]:
+    """The path of a new empty file beside ``path``; it becomes ``path`` when the block succeeds.
+
+    For writers that take a path (copies, downloads, savers of other libraries) and for
+    checking a file before it goes into place. A failure removes it and leaves ``path`` as it was.
     """
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_file: mode {mode!r} (w or wb)")
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    tmp = _create_unique(path.parent, prefix if prefix is not None else temp_prefix(path), _create_file)
     try:
-        with os.fdopen(fd, mode, encoding=None if "b" in mode else encoding) as f:
-            yield f
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        yield tmp
+        if durable:
+            fsync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     if durable:
         fsync_dir(path.parent)
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes, durable: bool = True) -> None:
+@contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8",
+                durable: bool = True, prefix: str | None = None) -> Iterator[IO[Any]]:
+    """An open temporary file beside ``path`` that becomes ``path`` when the block succeeds."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_file: mode {mode!r} (w or wb)")
+    with atomic_path(path, durable, prefix) as tmp, \
+            open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
+        yield f
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes, durable: bool = True,
+                 prefix: str | None = None) -> None:
     """Write ``data`` (text as UTF-8, or bytes) to ``path`` through :func:`atomic_file`."""
-    with atomic_file(path, "wb" if isinstance(data, bytes) else "w", durable=durable) as f:
+    with atomic_file(path, "wb" if isinstance(data, bytes) else "w", durable=durable, prefix=prefix) as f:
         f.write(data)
 
 
-def check_empty_dir(path: str | os.PathLike, force: bool = False) -> Path:
+def write_all_atomic(contents: Mapping[Path, str | bytes], durable: bool = True) -> None:
+    """Write several files that belong together: every temporary is complete before the first
+    rename, so a failure while writing leaves all the old files (or none) in place."""
+    with ExitStack() as stack:
+        for path, data in contents.items():
+            f = stack.enter_context(atomic_file(path, "wb" if isinstance(data, bytes) else "w",
+                                                durable=durable))
+            f.write(data)
+
+
+def check_empty_dir(path: str | os.PathLike, force: bool = False,
+                    error: type[AiaynError] = AiaynError) -> Path:
     """``path`` as a Path, if it may be (re)written as an output directory: absent, empty,
-    or ``force``. Anything else raises one line naming it."""
+    or ``force``. Anything else raises ``error`` with one line naming it."""
     path = Path(path)
     if path.exists() and not path.is_dir():
-        raise AiaynError(f"{path}: exists and is not a directory")
+        raise error(f"{path}: exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not force:
-        raise AiaynError(f"{path}: directory exists and is not empty (use --force to replace it)")
+        raise error(f"{path}: directory exists and is not empty (use --force to replace it)")
     return path
 
 
-def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
-    """Move the finished directory ``tmp`` to ``out``: the old ``out`` is renamed away first
-    and deleted only once the new one is in place."""
+def make_temp_dir(final: str | os.PathLike, prefix: str | None = None) -> Path:
+    """An empty sibling of ``final`` (same filesystem, so a rename moves it into place)."""
+    final = Path(final)
+    return _create_unique(final.parent, prefix if prefix is not None else temp_prefix(final), os.mkdir)
+
+
+def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike, aside: str | os.PathLike | None = None) -> None:
+    """Move the finished directory ``tmp`` to ``out``: the old ``out`` is renamed to ``aside``
+    (default ``.OUT.tmp-old-PID``) first and deleted only once the new one is in place."""
     tmp, out = Path(tmp), Path(out)
     old = None
     if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        old = Path(aside) if aside is not None else out.with_name(f"{temp_prefix(out)}old-{os.getpid()}")
         if old.exists():
             shutil.rmtree(old)
         os.replace(out, old)
@@ -105,25 +183,152 @@ def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike) -> None:
 
 
 @contextmanager
-def atomic_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+def atomic_dir(path: str | os.PathLike, force: bool = False, *, prefix: str | None = None,
+               durable: bool = False, error: type[AiaynError] = AiaynError) -> Iterator[Path]:
     """A temporary directory beside ``path`` that becomes ``path`` when the block succeeds.
 
-    An existing non-empty ``path`` is refused unless ``force`` (:func:`check_empty_dir`);
-    with it, the old directory is replaced only once the new one is complete.
+    An existing non-empty ``path`` is refused unless ``force`` (:func:`check_empty_dir`,
+    raising ``error``); with it, the old directory is replaced only once the new one is
+    complete. Every temporary name starts with ``prefix`` (default ``.NAME.tmp-``), the old
+    directory's too while it is moved aside. ``durable``: every file and directory is
+    fsynced before the rename.
     """
-    path = check_empty_dir(path, force)
+    path = check_empty_dir(path, force, error)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    prefix = prefix if prefix is not None else temp_prefix(path)
+    tmp = make_temp_dir(path, prefix)
     try:
         yield tmp
-        replace_dir(tmp, path)
+        if durable:
+            fsync_tree(tmp)
+        replace_dir(tmp, path, aside=path.with_name(f"{prefix}old-{os.getpid()}"))
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _umask() -> int:
-    # mkstemp creates 0600 files; an output should get the permissions open() would give it.
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+# ============================================================================ reading
+
+UTF8_MODES = ("error", "replace", "skip")
+# What is removed from a line besides its \n: "both" surrounding whitespace (str.strip:
+# \r, Unicode spaces); "eol" only the \r of a \r\n ending; "trailing" trailing whitespace
+# (sacreBLEU's command line: str.rstrip).
+STRIP_MODES = ("both", "eol", "trailing")
+GZIP_MAGIC = b"\x1f\x8b"
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class LineStats:
+    """Counters filled while :func:`iter_text_lines` runs."""
+
+    lines: int = 0  # lines read so far (skipped ones included)
+    replaced: int = 0  # lines with invalid UTF-8 decoded with U+FFFD
+
+
+@contextmanager
+def open_text_input(path: str | os.PathLike) -> Iterator[tuple[IO[bytes], bool]]:
+    """``path`` open for reading bytes, decompressed when it is gzip, and whether it is."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, expected a text file")
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+    with f:
+        try:
+            magic = f.peek(2)[:2]  # peek, not read: works on pipes too
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+        if path.suffix == ".gz" or magic == GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=f, mode="rb") as gz:
+                yield gz, True  # type: ignore[misc]
+        else:
+            yield f, False
+
+
+def _raw_lines(stream: IO[bytes], name: str, compressed: bool) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line without its \\n) for each line; a read error names the line."""
+    lineno, offset = 0, 0
+    while True:
+        try:
+            raw = stream.readline()
+        except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
+            what = "corrupt gzip data" if compressed else "read error"
+            raise DataError(f"{name}:{lineno + 1}: {what} ({exc or type(exc).__name__})") from None
+        if not raw:
+            return
+        lineno += 1
+        if lineno == 1 and raw.startswith(BOM):
+            raw, offset = raw[len(BOM):], len(BOM)
+        yield offset, raw[:-1] if raw.endswith(b"\n") else raw
+        offset += len(raw)
+
+
+def iter_raw_lines(stream: IO[bytes], name: str = "<stream>", compressed: bool = False) -> Iterator[bytes]:
+    """The lines of a byte stream, each without its ``\\n``; a leading byte-order mark dropped."""
+    return (raw for _, raw in _raw_lines(stream, name, compressed))
+
+
+def decode_line(raw: bytes, where: str, lineno: int, on_invalid_utf8: str = "error", *,
+                offset: int | None = None, compressed: bool = False, hint: str = "") -> str | None:
+    """One line's bytes as text; ``None`` for invalid UTF-8 under ``skip``.
+
+    The error names ``where:lineno``, the byte of the line, and (given the line's ``offset``)
+    the byte of the file; ``hint`` says how to go on.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if on_invalid_utf8 == "replace":
+            return raw.decode("utf-8", errors="replace")
+        if on_invalid_utf8 == "skip":
+            return None
+        in_file = ""
+        if offset is not None:
+            in_file = f" (byte {offset + exc.start} of the {'decompressed ' if compressed else ''}file)"
+        raise DataError(f"{where}:{lineno}: invalid UTF-8 at byte {exc.start} of the line{in_file}: "
+                        f"{exc.reason}" + (f"; {hint}" if hint else "")) from None
+
+
+def iter_text_lines(path: str | os.PathLike, on_invalid_utf8: str = "error", *, strip: str = "both",
+                    stats: LineStats | None = None, hint: str = "") -> Iterator[str | None]:
+    """Each line of a text file as ``strip`` says (see :data:`STRIP_MODES`); ``None`` for a
+    line with invalid UTF-8 under ``skip``. ``stats`` counts lines and replaced lines."""
+    if on_invalid_utf8 not in UTF8_MODES:
+        raise DataError(f"on_invalid_utf8: {on_invalid_utf8!r} is not one of {', '.join(UTF8_MODES)}")
+    if strip not in STRIP_MODES:
+        raise ValueError(f"strip: {strip!r} is not one of {', '.join(STRIP_MODES)}")
+    stats = stats if stats is not None else LineStats()
+    with open_text_input(path) as (f, compressed):
+        for lineno, (offset, raw) in enumerate(_raw_lines(f, str(path), compressed), 1):
+            if strip == "eol" and raw.endswith(b"\r"):
+                raw = raw[:-1]
+            text: str | None
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = decode_line(raw, str(path), lineno, on_invalid_utf8, offset=offset,
+                                   compressed=compressed, hint=hint)
+                if text is not None:
+                    stats.replaced += 1
+            stats.lines = lineno
+            if text is None or strip == "eol":
+                yield text
+            else:
+                yield text.strip() if strip == "both" else text.rstrip()
+
+
+def read_text_lines(path: str | os.PathLike, on_invalid_utf8: str = "error", *, strip: str = "both",
+                    stats: LineStats | None = None, hint: str = "") -> list[str | None]:
+    """:func:`iter_text_lines`, read whole (so an error comes before any work on the lines)."""
+    return list(iter_text_lines(path, on_invalid_utf8, strip=strip, stats=stats, hint=hint))
+
+
+def count_lines(path: str | os.PathLike) -> int:
+    """Number of lines, without decoding (for messages about misaligned files)."""
+    with open_text_input(path) as (f, compressed):
+        return sum(1 for _ in _raw_lines(f, str(path), compressed))

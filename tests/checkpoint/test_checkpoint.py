@@ -115,3 +115,27 @@ def test_manager_pointers_rotation_and_resolve(tmp_path, make_cfg):
         ck.resolve_checkpoint(tmp_path / "missing")
     with pytest.raises(CheckpointError, match="no checkpoint found"):
         ck.resolve_checkpoint(stale.parent.parent.parent)
+
+
+def test_failed_resave_keeps_the_old_step_and_temporaries_are_cleanable(tmp_path, make_cfg, monkeypatch):
+    cfg = make_cfg()
+    model, opt = _trained(cfg)
+    mgr = ck.CheckpointManager(tmp_path)
+    path = mgr.save(1, model, cfg, state={"step": 1}, optimizer=opt)
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+
+    def fail(optimizer, directory):
+        assert directory.name.startswith(".tmp-step_000001-")  # what clean_incomplete removes
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ck, "save_optimizer", fail)
+    with pytest.raises(OSError, match="disk full"):
+        mgr.save(1, model, cfg, state={"step": 1, "again": True}, optimizer=opt)
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+    assert sorted(p.name for p in mgr.dir.iterdir()) == ["last", "step_000001"]
+    ck.verify_checkpoint(path)
+    # A pointer's temporary left by a kill has the same prefix and is cleaned like a directory.
+    (mgr.dir / ".tmp-last-1a2b3c4d").write_text("step_000002\n")
+    mgr.clean_incomplete()
+    assert sorted(p.name for p in mgr.dir.iterdir()) == ["last", "step_000001"]
+    assert mgr.last() == path

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,68 @@ def test_int8_translation(tiny_checkpoint, tricky_file, capsysbinary, monkeypatc
     assert len(_lines(out)) == N_TRICKY
     code, out, err = run_cli([*args, "--dtype", "int8", "--device", "cuda"], capsysbinary, monkeypatch)
     assert code == 2 and out == b"" and "Traceback" not in err
+
+
+def _subcommand(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParser:
+    for name in names:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[name]
+    return parser
+
+
+def test_decoding_flags_are_generated_from_decode_config() -> None:
+    """Every DecodeConfig field is a flag of translate and evaluate unless it is marked
+    config-only, typed as the field; a flag left out is None (the checkpoint's value), a
+    per-call argument (--nbest) has the field's default."""
+    from aiayn.cli.main import build_parser
+    from aiayn.cli.options import decode_overrides
+    from aiayn.config import DecodeConfig, decode_options
+
+    hints = typing.get_type_hints(DecodeConfig)
+    parser = build_parser()
+    for command in ("translate", "evaluate"):
+        actions = {a.dest: a for a in _subcommand(parser, command)._actions}
+        for f, opt in decode_options():
+            assert (f.name in actions) == opt.cli, f"{command}: decode.{f.name}"
+        base = [command, "--checkpoint", "ckpt"]
+        unset = parser.parse_args(base)
+        assert {f.name: getattr(unset, f.name) for f, _ in decode_options()} == {
+            f.name: f.default if opt.argument else None for f, opt in decode_options()}
+        assert decode_overrides(unset) == {}
+        argv, given = list(base), {}
+        for f, opt in decode_options():
+            flag = "--" + f.name.replace("_", "-")
+            if hints[f.name] is bool:
+                argv.append(flag)
+                given[f.name] = True
+                continue
+            value = opt.choices[-1] if opt.choices else f.default + 3
+            argv += [flag, str(value)]
+            given[f.name] = value
+        args = parser.parse_args(argv)
+        assert {n: getattr(args, n) for n in given} == given
+        assert all(type(getattr(args, n)) is hints[n] for n in given)
+        assert decode_overrides(args) == {n: v for n, v in given.items() if n != "nbest"}
+
+
+def test_subcommands_with_some_decoding_flags() -> None:
+    from aiayn.cli.main import build_parser
+    from aiayn.cli.options import decode_overrides
+
+    parser = build_parser()
+    args = parser.parse_args(["parse", "--checkpoint", "c", "--input", "x", "--beam", "3", "--max-len-b", "9"])
+    assert decode_overrides(args) == {"beam": 3, "max_len_b": 9}
+    assert args.device == "cpu" and args.dtype == "fp32"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["parse", "--checkpoint", "c", "--top-k", "3"])  # not a parsing option
+    args = parser.parse_args(["plot", "attention", "--checkpoint", "c", "--text", "t", "--beam", "2"])
+    assert decode_overrides(args) == {"beam": 2}
+    args = parser.parse_args(["serve", "--checkpoint", "c", "--device", "auto"])
+    assert args.checkpoint == "c" and args.ctranslate2 is None and not hasattr(args, "beam")
+
+
+def test_bad_device_is_one_clear_line(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "-i", str(tricky_file),
+                              "--device", "gpu7"], capsysbinary, monkeypatch)
+    assert code != 0 and out == b""
+    assert "--device gpu7: not a device" in err and "Traceback" not in err

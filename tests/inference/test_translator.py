@@ -119,8 +119,8 @@ def test_bf16(tiny_checkpoint: Path, english: list[str]) -> None:
 
 
 def test_int8(tiny_checkpoint: Path, english: list[str]) -> None:
+    from aiayn.inference.quantize import Int8Linear
     from aiayn.inference.translator import resolve_dtype
-    from aiayn.model.quantize import Int8Linear
 
     tr = Translator.from_checkpoint(tiny_checkpoint, dtype="int8")
     assert isinstance(tr.model.decoder_layers[0].ffn.w_1, Int8Linear)

@@ -15,6 +15,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 from fastapi.testclient import TestClient  # noqa: E402
 
 from aiayn.cli.main import main  # noqa: E402
+from aiayn.errors import ConfigError  # noqa: E402
+from aiayn.inference.protocol import TranslatorProtocol  # noqa: E402
 from aiayn.inference.translator import Translator  # noqa: E402
 from aiayn.interop.ct2_translator import CTranslate2Translator  # noqa: E402
 from aiayn.interop.ctranslate2 import export_ctranslate2  # noqa: E402
@@ -34,6 +36,19 @@ def ct2(ct2_dir: Path) -> CTranslate2Translator:
 def test_export_carries_the_checkpoint_config(ct2: CTranslate2Translator, trained) -> None:
     assert ct2.config is not None and ct2.decode == trained.config.decode
     assert ct2.config.model.max_positions == trained.config.model.max_positions
+
+
+def test_ct2_satisfies_the_translator_protocol(ct2: CTranslate2Translator, trained) -> None:
+    assert isinstance(ct2, TranslatorProtocol)
+    assert ct2.max_src_len == trained.config.model.max_positions
+    texts = trained.test_src[:5]
+    assert ct2.source_lengths(texts) == [len(trained.tokenizer.encode_src(t)) for t in texts]
+    assert list(ct2.describe()) == ["config", "languages", "vocabulary"]
+    assert ct2.decode_config(beam=2, lenpen=None).beam == 2
+    with pytest.raises(ConfigError, match=r"decode\.beem: unknown decoding option"):
+        ct2.decode_config(beem=2)
+    with pytest.raises(ConfigError, match="decode.sampling"):
+        ct2.decode_config(sampling=True)
 
 
 def test_translations_equal_aiayn(ct2: CTranslate2Translator, trained) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.demo import run_demo
+from aiayn.recipes.demo import run_demo
 
 LINE = re.compile(r"^exact-match accuracy: (\d+\.\d)%$")
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -47,9 +47,9 @@ def test_demo_as_shipped_reaches_95_percent(tmp_path: Path) -> None:
     assert float(match.group(1)) >= 95.0
     assert (tmp_path / "demo" / "attention.png").read_bytes().startswith(PNG)
 
-    # The trained model decoded in int8 (aiayn.model.quantize) keeps its accuracy.
-    from aiayn.demo import _held_out, synthetic_config
+    # The trained model decoded in int8 (aiayn.inference.quantize) keeps its accuracy.
     from aiayn.inference.translator import Translator
+    from aiayn.recipes.demo import _held_out, synthetic_config
 
     pairs = _held_out(synthetic_config(), 400)
     best = tmp_path / "demo" / "checkpoints" / "best"

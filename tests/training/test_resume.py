@@ -41,7 +41,7 @@ DRIVER = textwrap.dedent("""
         real_step = trainer.Trainer.train_step
         def train_step(self, batches):
             out = real_step(self, batches)
-            if self.step == at:
+            if self.state.step == at:
                 os.kill(os.getpid(), signal.SIGKILL)
             return out
         trainer.Trainer.train_step = train_step

@@ -8,7 +8,8 @@ from aiayn.checkpoint import io as ck
 from aiayn.data.batching import BatchIterator, collate
 from aiayn.errors import AiaynError
 from aiayn.model import build_model
-from aiayn.training.trainer import Trainer, TrainingError
+from aiayn.training.stopping import TrainingError
+from aiayn.training.trainer import Trainer
 
 
 def _batch(task, indices):
@@ -32,7 +33,7 @@ def test_overfits_a_small_batch(make_cfg, make_task):
         last = tr.train_step([batch])
     assert first.loss_sum / first.n_tokens > 2.0
     assert last.loss_sum / last.n_tokens < 0.05
-    assert tr.step == 151
+    assert tr.state.step == 151
 
 
 def test_accumulation_equals_one_large_batch(make_cfg, make_task):
@@ -90,11 +91,11 @@ def test_nonfinite_loss_is_skipped(make_cfg, make_task):
     _poison(tr, from_call=1)
     res = tr.train_step([batch])
     assert res.nonfinite and not res.updated
-    assert tr.step == 1 and tr.nonfinite_total == 1 and tr.nonfinite_consecutive == 1
+    assert tr.state.step == 1 and tr.state.nonfinite.total == 1 and tr.state.nonfinite.consecutive == 1
     for a, p in zip(before, tr.params):
         assert torch.equal(a, p)
     tr.forward_model = tr.model
-    assert tr.train_step([batch]).updated and tr.nonfinite_consecutive == 0
+    assert tr.train_step([batch]).updated and tr.state.nonfinite.consecutive == 0
 
 
 def test_divergence_stops_with_last_checkpoint_intact(make_cfg, make_task, tmp_path):
@@ -120,7 +121,7 @@ def test_in_process_resume_is_exact(make_cfg, make_task, tmp_path):
     _trainer(half_cfg, tmp_path / "half", task).train()
     resumed = _trainer(cfg, tmp_path / "half", task, seed=123)
     resumed.load(tmp_path / "half")
-    assert resumed.step == 4
+    assert resumed.state.step == 4
     resumed.train()
     for a, b in zip(full.model.state_dict().values(), resumed.model.state_dict().values()):
         assert torch.equal(a, b)
@@ -136,14 +137,14 @@ def test_stops_after_max_epochs(make_cfg, make_task, tmp_path):
     tr = _trainer(cfg, tmp_path, task)
     summary = tr.train()
     assert summary["stop_reason"] == "max_epochs"
-    assert tr.step == 2 * len(tr.train_batches) and tr.train_batches.epoch == 3
-    assert ck.resolve_checkpoint(tmp_path).name == f"step_{tr.step:06d}"
+    assert tr.state.step == 2 * len(tr.train_batches) and tr.train_batches.epoch == 3
+    assert ck.resolve_checkpoint(tmp_path).name == f"step_{tr.state.step:06d}"
 
 
 def test_stops_at_wall_time(make_cfg, make_task, tmp_path):
     tr = _trainer(make_cfg(max_time_minutes=1e-6, max_steps=100), tmp_path, make_task(n=40))
     summary = tr.train()
-    assert summary["stop_reason"] == "max_time" and tr.step == 1
+    assert summary["stop_reason"] == "max_time" and tr.state.step == 1
     assert ck.resolve_checkpoint(tmp_path).name == "step_000001"
 
 
@@ -164,7 +165,7 @@ def test_wall_time_budget_is_not_overshot(make_cfg, make_task, tmp_path):
     tr.train_step = slow_step
     summary = tr.train()
     assert summary["stop_reason"] == "max_time"
-    assert tr.step == 4 and ends[-1] < 0.9
+    assert tr.state.step == 4 and ends[-1] < 0.9
 
 
 def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
@@ -182,10 +183,11 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
         return real(src, tgt_in, **kwargs)
 
     tr.forward_model = forward
+    before = signal.getsignal(signal.SIGTERM)
     summary = tr.train()
-    assert summary["stop_reason"] == "signal" and tr.step == 3
+    assert summary["stop_reason"] == "signal" and tr.state.step == 3
     assert ck.resolve_checkpoint(tmp_path).name == "step_000003"
-    assert signal.getsignal(signal.SIGTERM) is not tr._on_signal  # handler restored
+    assert signal.getsignal(signal.SIGTERM) is before  # handler restored
 
 
 def test_optimizer_options(make_cfg):

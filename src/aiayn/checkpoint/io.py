@@ -18,10 +18,11 @@ A run directory keeps its checkpoints in ``RUN/checkpoints/``; the text file
 by the validation metric. :func:`resolve_checkpoint` accepts a checkpoint directory, a run
 directory, a ``checkpoints`` directory or one of those pointer files.
 
-Atomicity: everything is written into ``checkpoints/.tmp-<name>-<pid>``, fsynced, then
-renamed to ``<name>``; the ``last`` pointer is replaced (write, fsync, rename) only after
-that. A process killed at any moment leaves either the previous checkpoint as ``last`` or
-the new one, complete; stale temporary directories are ignored and cleaned later.
+Atomicity: everything is written into ``checkpoints/.tmp-<name>-*``, fsynced, then
+renamed to ``<name>`` (:func:`aiayn.fileio.atomic_dir`); the ``last`` pointer is replaced
+(write, fsync, rename) only after that. A process killed at any moment leaves either the
+previous checkpoint as ``last`` or the new one, complete; stale temporaries (``.tmp-*``) are
+ignored and cleaned later.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import base64
 import hashlib
 import json
 import logging
-import os
 import random
 import re
 import shutil
@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from aiayn.config import Config, dump_config, load_config
 from aiayn.errors import AiaynError, CheckpointError
+from aiayn.fileio import atomic_dir, write_atomic
 
 if TYPE_CHECKING:
     from aiayn.model import Transformer
@@ -74,25 +75,6 @@ _STEP_RE = re.compile(r"^step_(\d+)$")
 # ------------------------------------------------------------------- file helpers
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes renames/creations inside `path` durable. Not possible on every platform.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -101,14 +83,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def _write_pointer(path: Path, name: str) -> None:
+    # The temporary starts with _TMP_PREFIX, so that clean_incomplete removes one left by a kill.
+    write_atomic(path, name + "\n", prefix=f"{_TMP_PREFIX}{path.name}-")
 
 
 def _files(directory: Path) -> list[Path]:
@@ -344,48 +321,33 @@ def save_checkpoint(
     added. An existing directory at ``path`` is replaced only once the new one is complete.
     """
     path = Path(path)
-    parent = path.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f"{_TMP_PREFIX}{path.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        save_model_weights(model, tmp / MODEL_FILE)
-        (tmp / CONFIG_FILE).write_text(dump_config(cfg), encoding="utf-8")
-        full_state = dict(state or {})
-        full_state.update(format_version=FORMAT_VERSION, torch_version=torch.__version__,
-                          saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=1), encoding="utf-8")
-        if optimizer is not None:
-            save_optimizer(optimizer, tmp)
-        if tokenizer is not None:
-            tok_dir = tmp / TOKENIZER_DIR
-            if isinstance(tokenizer, (str, Path)):
-                shutil.copytree(tokenizer, tok_dir)
-            else:
-                tok_dir.mkdir()
-                tokenizer.save(tok_dir)
-        lines = [f"{_sha256(f)}  {f.relative_to(tmp).as_posix()}" for f in _files(tmp)]
-        (tmp / MANIFEST_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
-        for f in _files(tmp):
-            _fsync_file(f)
-        for d in sorted({f.parent for f in _files(tmp)}):
-            _fsync_dir(d)
-        if path.exists():
-            # Re-saving a step (e.g. a resumed run passing a step that a killed run had
-            # already written): move the old one aside, then swap in the new one.
-            trash = parent / f"{_TMP_PREFIX}old-{path.name}-{os.getpid()}"
-            os.replace(path, trash)
-            os.replace(tmp, path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-        _fsync_dir(parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    # Re-saving a step (e.g. a resumed run passing a step that a killed run had already
+    # written) replaces it only once the new one is complete. Every temporary name, the old
+    # step's while it is moved aside included, starts with _TMP_PREFIX (clean_incomplete).
+    with atomic_dir(path, force=True, prefix=f"{_TMP_PREFIX}{path.name}-", durable=True) as tmp:
+        _write_checkpoint_files(tmp, model, cfg, tokenizer, state, optimizer)
     return path
+
+
+def _write_checkpoint_files(tmp: Path, model: nn.Module, cfg: Config, tokenizer: Tokenizer | str | Path | None,
+                            state: dict[str, Any] | None, optimizer: torch.optim.Optimizer | dict | None) -> None:
+    save_model_weights(model, tmp / MODEL_FILE)
+    (tmp / CONFIG_FILE).write_text(dump_config(cfg), encoding="utf-8")
+    full_state = dict(state or {})
+    full_state.update(format_version=FORMAT_VERSION, torch_version=torch.__version__,
+                      saved_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    (tmp / STATE_FILE).write_text(json.dumps(full_state, indent=1), encoding="utf-8")
+    if optimizer is not None:
+        save_optimizer(optimizer, tmp)
+    if tokenizer is not None:
+        tok_dir = tmp / TOKENIZER_DIR
+        if isinstance(tokenizer, (str, Path)):
+            shutil.copytree(tokenizer, tok_dir)
+        else:
+            tok_dir.mkdir()
+            tokenizer.save(tok_dir)
+    lines = [f"{_sha256(f)}  {f.relative_to(tmp).as_posix()}" for f in _files(tmp)]
+    (tmp / MANIFEST_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def verify_checkpoint(path: str | Path) -> None:
@@ -581,14 +543,14 @@ class CheckpointManager:
              state: dict[str, Any] | None = None, optimizer: Any = None,
              is_best: bool = False) -> Path:
         path = save_checkpoint(self.dir / self.name(step), model, cfg, tokenizer, state, optimizer)
-        _write_text_atomic(self.dir / LAST_POINTER, path.name + "\n")
+        _write_pointer(self.dir / LAST_POINTER, path.name)
         if is_best:
-            _write_text_atomic(self.dir / BEST_POINTER, path.name + "\n")
+            _write_pointer(self.dir / BEST_POINTER, path.name)
         self.prune()
         return path
 
     def mark_best(self, path: Path) -> None:
-        _write_text_atomic(self.dir / BEST_POINTER, path.name + "\n")
+        _write_pointer(self.dir / BEST_POINTER, path.name)
 
     def prune(self) -> None:
         if self.keep_last <= 0:

@@ -21,7 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.demo import run_demo
+    from aiayn.recipes.demo import run_demo
 
     run_demo(args.out, dataset=args.dataset, data_dir=args.data_dir, task=args.task,
              overrides=args.overrides, echo=print)

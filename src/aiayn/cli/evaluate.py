@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiayn.cli.translate import add_decode_args, decode_overrides
+from aiayn.cli import options
 from aiayn.errors import AiaynError
 
 EPILOG = """\
@@ -36,8 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hyp", help="hypothesis file (one translation per line)")
     p.add_argument("--ref", action="append", default=[], metavar="FILE",
                    help="reference file; repeat for several references")
-    p.add_argument("--checkpoint", nargs="+", metavar="PATH", help="translate with this checkpoint "
-                   "(several paths: averaged weights)")
+    options.add_checkpoint(p, required=False, purpose="translate with this checkpoint")
     p.add_argument("--dataset", help="known dataset to take source and references from (e.g. multi30k)")
     p.add_argument("--split", help="dataset split (default: the dataset's test split)")
     p.add_argument("--input", help="with --checkpoint: source file to translate (references from --ref)")
@@ -50,10 +49,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="also print the paper-style tokenized BLEU (NOT comparable to sacreBLEU)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--width", type=int, default=1, help="decimals of the printed scores (default 1, as sacrebleu)")
-    p.add_argument("--on-invalid-utf8", choices=("error", "replace"), default="error",
-                   help="invalid UTF-8 in a file: an error naming the line (default), or U+FFFD")
+    options.add_on_invalid_utf8(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    add_decode_args(p)
+    options.add_decode_flags(p)
+    options.add_device_flags(p)
     p.set_defaults(func=run)
 
 
@@ -101,7 +100,7 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
     from aiayn.evaluation.bleu import read_lines
     from aiayn.inference.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype)
+    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
     data_cfg = translator.config.data
     src, tgt = args.src or data_cfg.src_lang, args.tgt or data_cfg.tgt_lang
     if args.dataset:
@@ -115,7 +114,7 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
         if len(stream) != len(sources):
             raise AiaynError(f"{path} has {len(stream)} lines but {args.input} has {len(sources)}; "
                              "the line counts must match")
-    overrides = decode_overrides(args)
+    overrides = options.decode_overrides(args)
     with tqdm(total=len(sources), unit="sent", file=sys.stderr, disable=args.quiet, desc="translate") as bar:
         results = translator.translate_detailed(sources, nbest=1, progress=bar.update, **overrides)
     hyps = [r.hypotheses[0].text.replace("\n", " ") if r.hypotheses else "" for r in results]

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import INFERENCE_DTYPES
+from aiayn.cli import options
 from aiayn.errors import AiaynError
 
 EPILOG = """\
@@ -36,8 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "a split of a prepared directory (scored against its gold trees), or an --input "
                     "file (scored when --gold is given).",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, nargs="+", metavar="PATH",
-                   help="checkpoint or run directory (several paths: averaged weights)")
+    options.add_checkpoint(p)
     p.add_argument("--prepared", metavar="DIR", help="directory written by `aiayn prepare --task parsing`")
     p.add_argument("--split", default="test", choices=("test", "valid", "train"),
                    help="with --prepared: the split to parse and score (default test)")
@@ -46,15 +45,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="write the predicted trees here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    g = p.add_argument_group("decoding (default: the paper's parsing settings, beam 21, alpha 0.3, "
-                             "max length = input + 300)")
-    g.add_argument("--beam", type=int, help="beam size (default 21)")
-    g.add_argument("--lenpen", type=float, help="length-penalty alpha (default 0.3)")
-    g.add_argument("--max-len-a", type=float, help="max output tokens = a * source tokens + b (default 1)")
-    g.add_argument("--max-len-b", type=int, help="see --max-len-a (default 300)")
-    g.add_argument("--batch-tokens", type=int, help="padded source tokens per batch (default: the checkpoint's)")
-    g.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
-    g.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help="default fp32")
+    g = options.add_decode_flags(
+        p, ("beam", "lenpen", "max_len_a", "max_len_b", "batch_tokens"),
+        title="decoding (default: the paper's parsing settings, beam 21, alpha 0.3, max length = input + 300)",
+        notes={"beam": "default 21", "lenpen": "default 0.3", "max_len_a": "default 1", "max_len_b": "default 300",
+               "batch_tokens": "default: the checkpoint's"})
+    options.add_device_flags(g)
     g.add_argument("--threads", type=int, help="CPU threads (default: $AIAYN_NUM_THREADS, else torch's)")
     p.set_defaults(func=run)
 
@@ -66,31 +62,40 @@ def _check_args(args: argparse.Namespace) -> None:
         raise AiaynError("--gold goes with --input; a --prepared split brings its own gold trees")
 
 
-def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from aiayn.data.trees import tree_to_string
-    from aiayn.inference.parsing import Parser, parse_prepared_split, read_gold, score_parses
-
-    _check_args(args)
+def _set_threads(args: argparse.Namespace) -> None:
     threads = args.threads or int(os.environ.get("AIAYN_NUM_THREADS", "0") or 0)
     if threads:
         # As `aiayn train` does: on a busy machine, fewer threads than cores decode faster.
         import torch
 
         torch.set_num_threads(threads)
-    decode = {"beam": args.beam, "lenpen": args.lenpen, "max_len_a": args.max_len_a,
-              "max_len_b": args.max_len_b, "batch_tokens": args.batch_tokens}
-    gold = None
-    if args.input:
-        from aiayn.cli.translate import read_file_lines
 
-        sentences = read_file_lines(Path(args.input), "error")
-        if args.gold:
-            gold = read_gold(args.gold)
-            if len(gold) != len(sentences):
-                raise AiaynError(f"{args.gold} has {len(gold)} trees but {args.input} has {len(sentences)} lines")
-    parser = Parser.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype)
+
+def _read_input(args: argparse.Namespace) -> tuple[list[str], list[Any] | None]:
+    """The --input sentences and, with --gold, their gold trees."""
+    from aiayn.cli.translate import read_file_lines
+    from aiayn.inference.parsing import read_gold
+
+    sentences = read_file_lines(Path(args.input), "error")
+    gold = None
+    if args.gold:
+        gold = read_gold(args.gold)
+        if len(gold) != len(sentences):
+            raise AiaynError(f"{args.gold} has {len(gold)} trees but {args.input} has {len(sentences)} lines")
+    return sentences, gold
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from aiayn.inference.parsing import Parser, parse_prepared_split, score_parses
+
+    _check_args(args)
+    _set_threads(args)
+    decode = options.decode_overrides(args)
+    sentences, gold = _read_input(args) if args.input else ([], None)
+    # Parser takes the device by name.
+    parser = Parser.from_checkpoint(args.checkpoint, device=str(options.device(args)), dtype=args.dtype)
     parser.decode_settings(**decode)  # a bad option fails before any decoding
     total = len(sentences) if args.input else None
     scores: dict[str, Any] | None = None
@@ -104,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
             what = args.input
             if gold is not None:
                 scores = score_parses(gold, results)
+    return _report(args, what, results, scores)
+
+
+def _report(args: argparse.Namespace, what: str, results: list[Any], scores: dict[str, Any] | None) -> int:
+    from aiayn.data.trees import tree_to_string
+
     if args.output:
         Path(args.output).write_text("".join((tree_to_string(r.tree) if r.tree else "") + "\n" for r in results),
                                      encoding="utf-8")

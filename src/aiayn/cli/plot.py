@@ -6,7 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
-from aiayn.config import INFERENCE_DTYPES
+from aiayn.cli import options
 from aiayn.errors import AiaynError
 
 
@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a = kinds.add_parser("attention", help="cross-attention heads of one decoder layer for one sentence",
                          description="Translate --text and draw a grid with one heatmap per head of the chosen "
                                      "decoder layer (rows: target tokens, columns: source tokens).")
-    a.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
+    options.add_checkpoint(a, several=False)
     a.add_argument("--text", required=True, help="the source sentence")
     a.add_argument("--layer", type=int, default=-1,
                    help="decoder layer, 1..N, or -1 for the last (default); 0 draws every layer, one file each")
@@ -43,9 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--out", default="attention.png",
                    help="PNG path (default attention.png; with --layer 0, _layerN is added before .png)")
     a.add_argument("--size", type=_size, default=None, help="WIDTHxHEIGHT in pixels (default: from the lengths)")
-    a.add_argument("--beam", type=int, default=None, help="beam size (default: the checkpoint's)")
-    a.add_argument("--device", default="cpu")
-    a.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES)
+    options.add_decode_flags(a, ("beam",), title=None, notes={"beam": "default: the checkpoint's"})
+    options.add_device_flags(a)
     a.set_defaults(func=run_attention)
 
 
@@ -70,8 +69,8 @@ def run_attention(args: argparse.Namespace) -> int:
         raise AiaynError(f"--out {out}: the output is a PNG file; use a .png name")
     if not args.text.strip():
         raise AiaynError("--text: empty sentence")
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype)
-    overrides = {"beam": args.beam} if args.beam else {}
+    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
+    overrides = options.decode_overrides(args)
     result = translator.translate_detailed([args.text], nbest=1, attention=True, **overrides)[0]
     hyp = result.hypotheses[0]
     if hyp.attention is None:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import sys
+from typing import TYPE_CHECKING
 
-from aiayn.config import INFERENCE_DTYPES
+from aiayn.cli import options
 from aiayn.errors import AiaynError
+
+if TYPE_CHECKING:
+    import torch
+
+    from aiayn.inference.protocol import TranslatorProtocol
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,14 +23,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "the attention page at / and the OpenAPI docs at /docs. Needs the 'serve' extra "
                     "(pip install 'aiayn[serve]').")
     model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--checkpoint", help="checkpoint or run directory")
-    model.add_argument("--ctranslate2", metavar="DIR",
-                       help="a model exported with 'aiayn export ctranslate2' (needs the 'interop' extra)")
+    options.add_checkpoint(model, several=False, required=False)
+    options.add_ctranslate2(model)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
-    p.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help="inference dtype")
+    options.add_device_flags(p)
     p.add_argument("--compute-type", default="default",
                    help="with --ctranslate2: CTranslate2's compute type (default: as exported; int8, "
                         "int8_float32, float32, bfloat16, ...)")
@@ -69,12 +73,12 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _translator(args: argparse.Namespace, device: str):
+def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorProtocol:
     if args.ctranslate2:
         from aiayn.interop.ct2_translator import CTranslate2Translator
 
         # CTranslate2 names GPUs "cuda" and takes the index separately.
-        return CTranslate2Translator(args.ctranslate2, device=device.split(":")[0],
+        return CTranslate2Translator(args.ctranslate2, device=device.type,
                                      compute_type=args.compute_type, threads=max(args.threads, 0))
     from aiayn.inference.translator import Translator
 
@@ -94,16 +98,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = options.device(args)
     translator = _translator(args, device)
     settings = ServeSettings(
         max_texts=args.max_texts, max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
         queue_size=args.queue_size, batch_window_ms=args.batch_window_ms, max_batch_tokens=args.max_batch_tokens,
         max_batch_sentences=args.max_batch_sentences, batching=not args.no_batching,
-        checkpoint=str(args.checkpoint or args.ctranslate2), device=device,
-        dtype=f"ctranslate2 {translator.compute_type}" if args.ctranslate2 else args.dtype)
+        checkpoint=str(args.checkpoint or args.ctranslate2),
+        # As given, "auto" as resolved: what /v1/model reports.
+        device=device.type if args.device == "auto" else args.device,
+        dtype=f"ctranslate2 {args.compute_type}" if args.ctranslate2 else args.dtype)
     app = create_app(translator, settings)
     if not _is_loopback(args.host):
         print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             run_dir = _run_dir_of(Path(args.resume))
         else:
-            from aiayn.training.trainer import default_run_dir
+            from aiayn.recipes.train import default_run_dir
 
             run_dir = default_run_dir(args.config)
     if args.print_config:
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(cfg), end="")
         return 0
 
-    from aiayn.training.trainer import run_training
+    from aiayn.recipes.train import run_training
 
     summary = run_training(cfg, run_dir, resume=args.resume)
     if int(os.environ.get("RANK", "0")) == 0:

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from aiayn.config import INFERENCE_DTYPES
+from aiayn import fileio
+from aiayn.cli import options
 from aiayn.errors import AiaynError, DataError
 
 FORMAT_HELP = """\
@@ -37,57 +38,22 @@ input
 """
 
 
-def add_decode_args(p: argparse.ArgumentParser) -> None:
-    """Decoding options shared with `aiayn evaluate`; unset ones keep the checkpoint's."""
-    g = p.add_argument_group("decoding (default: the checkpoint's decode section; paper: beam 4, "
-                             "lenpen 0.6, max length = 1 * source + 50)")
-    g.add_argument("--beam", type=int, default=None, help="beam size; 1 = greedy")
-    g.add_argument("--lenpen", type=float, default=None, help="length-penalty alpha")
-    g.add_argument("--lenpen-style", choices=("gnmt", "fairseq"), default=None,
-                   help="gnmt: ((5+|Y|)/6)^alpha (the paper); fairseq: |Y|^alpha")
-    g.add_argument("--max-len-a", type=float, default=None, help="max output tokens = a * source tokens + b")
-    g.add_argument("--max-len-b", type=int, default=None, help="see --max-len-a")
-    g.add_argument("--min-len", type=int, default=None, help="output tokens before EOS is allowed")
-    g.add_argument("--nbest", type=int, default=1, help="hypotheses per sentence (<= beam; default 1)")
-    g.add_argument("--no-repeat-ngram-size", type=int, default=None, help="forbid repeating n-grams of this size")
-    g.add_argument("--batch-tokens", type=int, default=None, help="padded source tokens per batch")
-    g.add_argument("--sampling", action="store_true", default=None,
-                   help="sample instead of searching: --beam K independent samples, the --nbest best returned")
-    g.add_argument("--temperature", type=float, default=None, help="sampling temperature")
-    g.add_argument("--top-k", type=int, default=None, help="sample among the k most probable tokens (0 = all)")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (1 = off)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed")
-    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N | auto (default cpu)")
-    p.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES,
-                   help="fp32, bf16 (CPU or GPU), fp16 (GPU only) or int8 (CPU only: int8 weights and "
-                        "per-token int8 inputs for every linear layer); default fp32")
-
-
-DECODE_FIELDS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len",
-                 "no_repeat_ngram_size", "batch_tokens", "sampling", "temperature", "top_k", "top_p", "seed")
-
-
-def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {name: getattr(args, name) for name in DECODE_FIELDS if getattr(args, name) is not None}
-
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "translate", help="translate text with a checkpoint (beam search)",
         description="Translate a file or standard input with a trained checkpoint. Several "
                     "--checkpoint paths are averaged (element-wise mean of their weights).",
         epilog=FORMAT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, nargs="+", metavar="PATH",
-                   help="checkpoint directory, run directory (its last checkpoint) or last/best pointer")
+    options.add_checkpoint(p)
     p.add_argument("--input", "-i", default="-", help="input file (plain or .gz), or - for stdin (default)")
     p.add_argument("--output", "-o", default="-", help="output file, or - for stdout (default)")
-    add_decode_args(p)
+    options.add_decode_flags(p)
+    options.add_device_flags(p)
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
     p.add_argument("--buffer-size", type=int, default=None,
                    help="stdin: lines per buffer (default 1 from a terminal, 64 from a pipe)")
-    p.add_argument("--on-invalid-utf8", choices=("error", "replace"), default="error",
-                   help="invalid UTF-8 input: an error naming the line (default), or replace with U+FFFD")
+    options.add_on_invalid_utf8(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary on stderr")
     p.set_defaults(func=run)
 
@@ -97,43 +63,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def decode_line(raw: bytes, where: str, lineno: int, on_invalid_utf8: str) -> str:
     """One input line (bytes, without its newline) -> text; CR of CRLF files dropped."""
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if on_invalid_utf8 == "replace":
-            return raw.decode("utf-8", errors="replace")
-        raise DataError(f"{where}:{lineno}: invalid UTF-8 at byte {exc.start} of the line ({exc.reason}); "
-                        "use --on-invalid-utf8 replace to translate it with U+FFFD in place of the bad bytes"
-                        ) from None
+    text = fileio.decode_line(raw[:-1] if raw.endswith(b"\r") else raw, where, lineno,
+                              _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT)
+    assert text is not None  # None only under "skip"
+    return text
+
+
+_UTF8_HINT = "use --on-invalid-utf8 replace to translate it with U+FFFD in place of the bad bytes"
+
+
+def _utf8_mode(on_invalid_utf8: str) -> str:
+    return "replace" if on_invalid_utf8 == "replace" else "error"
 
 
 def iter_raw_lines(stream: IO[bytes]) -> Iterator[bytes]:
     """Lines split at b'\\n' only (never at other Unicode line breaks, which would change the
     line count); the last line may lack its newline."""
-    first = True
-    while True:
-        raw = stream.readline()
-        if not raw:
-            return
-        if first and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        first = False
-        yield raw[:-1] if raw.endswith(b"\n") else raw
+    return fileio.iter_raw_lines(stream, "<stdin>")
 
 
 def read_file_lines(path: Path, on_invalid_utf8: str) -> list[str]:
-    import gzip
-
-    if not path.is_file():
-        raise DataError(f"{path}: file not found" if not path.exists() else f"{path}: not a file")
-    try:
-        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
-            return [decode_line(raw, str(path), n, on_invalid_utf8)
-                    for n, raw in enumerate(iter_raw_lines(f), 1)]  # type: ignore[arg-type]
-    except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: cannot read ({exc})") from None
+    """Every line of a file (plain or gzip), read before any work, so that invalid UTF-8
+    anywhere is reported first."""
+    lines = fileio.read_text_lines(path, _utf8_mode(on_invalid_utf8), strip="eol", hint=_UTF8_HINT)
+    return [line for line in lines if line is not None]  # None only under "skip"
 
 
 # -------------------------------------------------------------------------- output
@@ -192,10 +145,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.buffer_size is not None and args.buffer_size < 1:
         raise AiaynError(f"--buffer-size: must be at least 1, got {args.buffer_size}")
-    overrides = decode_overrides(args)
+    overrides = options.decode_overrides(args)
+    device = options.device(args)
     from_stdin = args.input == "-"
     lines = None if from_stdin else read_file_lines(Path(args.input), args.on_invalid_utf8)
-    translator = Translator.from_checkpoint(args.checkpoint, device=args.device, dtype=args.dtype)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
     cfg = translator.decode_config(**overrides, nbest=args.nbest)  # fail on bad options before any output
     writer = _Writer(args.output)
     start = time.perf_counter()

@@ -18,8 +18,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.data.corpus import FilterConfig, drop_reason
+from aiayn.data.corpus import FilterConfig, drop_reason, read_parallel
 from aiayn.errors import DataError
+from aiayn.fileio import atomic_dir
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.vocab import PAD_ID
 
@@ -177,10 +176,9 @@ def binarize(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, out_dir: st
     ``pre_dropped`` adds counts of pairs dropped before encoding (e.g. invalid UTF-8).
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     dtype = np.uint16 if max(tokenizer.src_vocab_size, tokenizer.tgt_vocab_size) <= 65535 else np.int32
-    tmp = make_temp_dir(out_dir)
-    try:
+    # A cache: an existing split is replaced (once the new one is complete).
+    with atomic_dir(out_dir, force=True) as tmp:
         stats = _write_split(pairs, tokenizer, tmp, dtype, filters)
         dropped = Counter(pre_dropped or {})
         dropped.update(stats.dropped)
@@ -191,10 +189,6 @@ def binarize(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, out_dir: st
             "dtype": np.dtype(dtype).name, "filters": asdict(filters) if filters else None,
         }
         (tmp / META).write_text(json.dumps(meta, indent=2), encoding="utf-8")
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return TokenDataset(out_dir)
 
 
@@ -220,8 +214,6 @@ def binarize_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike, tok
                    out_dir: str | os.PathLike, filters: FilterConfig | None = None,
                    on_invalid_utf8: str = "error") -> tuple[TokenDataset, bool]:
     """Binarize a line-aligned file pair into ``out_dir``, reusing it when nothing changed."""
-    from aiayn.data.corpus import read_parallel
-
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     key = cache_key([src_path, tgt_path], tokenizer, filters, on_invalid_utf8=on_invalid_utf8)
     holder: dict[str, Any] = {}
@@ -234,13 +226,6 @@ def binarize_files(src_path: str | os.PathLike, tgt_path: str | os.PathLike, tok
     return binarize_cached(make, tokenizer, out_dir, key, filters, lambda: holder.get("dropped", {}))
 
 
-def make_temp_dir(final: Path) -> Path:
-    """An empty sibling of ``final`` (same filesystem, so a rename moves it into place)."""
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would make the finished directory private
-    return tmp
-
-
 def read_key(directory: Path) -> str | None:
     try:
         return json.loads((directory / META).read_text(encoding="utf-8")).get("key")
@@ -250,59 +235,64 @@ def read_key(directory: Path) -> str | None:
 
 def _write_split(pairs: Iterable[tuple[str, str]], tokenizer: Tokenizer, tmp: Path, dtype: Any,
                  filters: FilterConfig | None) -> BinarizeStats:
-    stats = BinarizeStats()
     dropped: Counter[str] = Counter()
-    src_f = open(tmp / "src.raw", "wb")
-    tgt_f = open(tmp / "tgt.raw", "wb")
-    src_lens: list[np.ndarray] = []
-    tgt_lens: list[np.ndarray] = []
+    lens: dict[str, list[np.ndarray]] = {"src": [], "tgt": []}
     lines: list[np.ndarray] = []
     line_no = 0
-    try:
+    # Ids go to flat raw files chunk by chunk, so a corpus never has to fit in RAM as lists.
+    with open(tmp / "src.raw", "wb") as src_f, open(tmp / "tgt.raw", "wb") as tgt_f:
         for chunk in _chunks(pairs, CHUNK):
-            src_ids = tokenizer.encode_src_batch([s for s, _ in chunk])
-            tgt_ids = tokenizer.encode_tgt_batch([t for _, t in chunk])
-            keep_s: list[list[int]] = []
-            keep_t: list[list[int]] = []
-            keep_lines: list[int] = []
-            for j, (x, y) in enumerate(zip(src_ids, tgt_ids)):
-                if filters is not None:
-                    # Source length without its EOS: both sides counted in pieces.
-                    reason = drop_reason(len(x) - 1, len(y), filters)
-                    if reason is not None:
-                        dropped[reason] += 1
-                        continue
-                keep_s.append(x)
-                keep_t.append(y)
-                keep_lines.append(line_no + j)
+            keep_s, keep_t, keep_lines = _encode_chunk(chunk, tokenizer, filters, line_no, dropped)
             line_no += len(chunk)
             if keep_s:
-                flat_s = np.fromiter(itertools.chain.from_iterable(keep_s), dtype=dtype)
-                flat_t = np.fromiter(itertools.chain.from_iterable(keep_t), dtype=dtype)
-                src_f.write(flat_s.tobytes())
-                tgt_f.write(flat_t.tobytes())
-                src_lens.append(np.fromiter((len(ids) for ids in keep_s), dtype=np.int64, count=len(keep_s)))
-                tgt_lens.append(np.fromiter((len(ids) for ids in keep_t), dtype=np.int64, count=len(keep_t)))
+                src_f.write(np.fromiter(itertools.chain.from_iterable(keep_s), dtype=dtype).tobytes())
+                tgt_f.write(np.fromiter(itertools.chain.from_iterable(keep_t), dtype=dtype).tobytes())
+                lens["src"].append(_lengths(keep_s))
+                lens["tgt"].append(_lengths(keep_t))
                 lines.append(np.asarray(keep_lines, dtype=np.int64))
-    finally:
-        src_f.close()
-        tgt_f.close()
-    for side, lens in (("src", src_lens), ("tgt", tgt_lens)):
-        sizes = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
-        offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        np.save(tmp / f"{side}.offsets.npy", offsets)
-        ids = np.fromfile(tmp / f"{side}.raw", dtype=dtype)
-        np.save(tmp / f"{side}.ids.npy", ids)
-        (tmp / f"{side}.raw").unlink()
-        if side == "src":
-            stats.src_tokens = int(offsets[-1])
-            stats.pairs = len(sizes)
-        else:
-            stats.tgt_tokens = int(offsets[-1])
+    stats = BinarizeStats()
+    stats.pairs, stats.src_tokens = _save_side(tmp, "src", lens["src"], dtype)
+    _, stats.tgt_tokens = _save_side(tmp, "tgt", lens["tgt"], dtype)
     np.save(tmp / "lines.npy", np.concatenate(lines) if lines else np.zeros(0, dtype=np.int64))
     stats.dropped = dict(dropped)
     return stats
+
+
+def _encode_chunk(chunk: list[tuple[str, str]], tokenizer: Tokenizer, filters: FilterConfig | None,
+                  first_line: int, dropped: Counter[str]) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """Source ids, target ids and line numbers of the chunk's pairs that pass ``filters``;
+    the others are counted in ``dropped`` by reason."""
+    src_ids = tokenizer.encode_src_batch([s for s, _ in chunk])
+    tgt_ids = tokenizer.encode_tgt_batch([t for _, t in chunk])
+    keep_s: list[list[int]] = []
+    keep_t: list[list[int]] = []
+    keep_lines: list[int] = []
+    for j, (x, y) in enumerate(zip(src_ids, tgt_ids)):
+        if filters is not None:
+            # Source length without its EOS: both sides counted in pieces.
+            reason = drop_reason(len(x) - 1, len(y), filters)
+            if reason is not None:
+                dropped[reason] += 1
+                continue
+        keep_s.append(x)
+        keep_t.append(y)
+        keep_lines.append(first_line + j)
+    return keep_s, keep_t, keep_lines
+
+
+def _lengths(seqs: list[list[int]]) -> np.ndarray:
+    return np.fromiter((len(ids) for ids in seqs), dtype=np.int64, count=len(seqs))
+
+
+def _save_side(tmp: Path, side: str, lens: list[np.ndarray], dtype: Any) -> tuple[int, int]:
+    """``{side}.ids.npy`` from the raw file and ``{side}.offsets.npy``; (sentences, tokens)."""
+    sizes = np.concatenate(lens) if lens else np.zeros(0, dtype=np.int64)
+    offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    np.save(tmp / f"{side}.offsets.npy", offsets)
+    np.save(tmp / f"{side}.ids.npy", np.fromfile(tmp / f"{side}.raw", dtype=dtype))
+    (tmp / f"{side}.raw").unlink()
+    return len(sizes), int(offsets[-1])
 
 
 def _chunks(items: Iterable[tuple[str, str]], size: int) -> Iterable[list[tuple[str, str]]]:
@@ -314,16 +304,3 @@ def _chunks(items: Iterable[tuple[str, str]], size: int) -> Iterable[list[tuple[
             chunk = []
     if chunk:
         yield chunk
-
-
-def _replace_dir(tmp: Path, out_dir: Path) -> None:
-    """Move a finished directory into place; an older version is removed only afterwards."""
-    old = None
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -3,7 +3,7 @@
 Files are plain or gzip-compressed (recognized by the ``.gz`` suffix or the gzip magic
 bytes), UTF-8, one sentence per line; lines are split on ``\\n`` only (so a stray U+2028 or
 form feed inside a sentence cannot shift the alignment), and surrounding whitespace,
-``\\r`` and a leading byte-order mark are stripped.
+``\\r`` and a leading byte-order mark are stripped (:func:`aiayn.fileio.iter_text_lines`).
 
 Every problem a user can cause is a :class:`DataError` naming the file and the line:
 missing file, unequal line counts (both files, both counts), invalid UTF-8 (file, line,
@@ -26,22 +26,20 @@ pieces, so the defaults (256, 9) keep every pair.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
-import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from aiayn.errors import DataError
+from aiayn.fileio import LineStats, count_lines, iter_text_lines
 
 log = logging.getLogger(__name__)
 
-UTF8_MODES = ("error", "replace", "skip")
-GZIP_MAGIC = b"\x1f\x8b"
+__all__ = ["FilterConfig", "ParallelCorpus", "ReadStats", "count_lines", "drop_reason", "iter_lines",
+           "iter_parallel", "iter_tsv", "read_lines", "read_parallel"]
 
 
 @dataclass(frozen=True)
@@ -85,30 +83,15 @@ class ParallelCorpus:
 
 
 @dataclass
-class ReadStats:
-    """Counters filled while a reader generator runs."""
+class ReadStats(LineStats):
+    """Counters filled while a reader generator runs: lines, replaced lines, dropped pairs."""
 
-    lines: int = 0
     dropped: Counter[str] = field(default_factory=Counter)
-    replaced: int = 0
 
 
 # ------------------------------------------------------------------------ one file
 
-
-def _open_binary(path: Path) -> BinaryIO:
-    if not path.exists():
-        raise DataError(f"{path}: file not found")
-    if path.is_dir():
-        raise DataError(f"{path}: is a directory, expected a text file")
-    try:
-        with open(path, "rb") as probe:
-            magic = probe.read(2)
-        if path.suffix == ".gz" or magic == GZIP_MAGIC:
-            return gzip.open(path, "rb")  # type: ignore[return-value]
-        return open(path, "rb")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+_UTF8_HINT = "use --on-invalid-utf8 replace or skip to go on"
 
 
 def iter_lines(path: str | os.PathLike, on_invalid_utf8: str = "error",
@@ -117,65 +100,12 @@ def iter_lines(path: str | os.PathLike, on_invalid_utf8: str = "error",
 
     ``strip=False`` removes only the line ending (TSV: a leading tab is an empty column).
     """
-    if on_invalid_utf8 not in UTF8_MODES:
-        raise DataError(f"on_invalid_utf8: {on_invalid_utf8!r} is not one of {', '.join(UTF8_MODES)}")
-    path = Path(path)
-    stats = stats if stats is not None else ReadStats()
-    f = _open_binary(path)
-    compressed = isinstance(f, gzip.GzipFile)
-    lineno = 0
-    pos = 0  # byte offset of the current line in the (decompressed) text
-    try:
-        while True:
-            try:
-                raw = f.readline()
-            except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
-                what = "corrupt gzip data" if compressed else "read error"
-                raise DataError(f"{path}:{lineno + 1}: {what} ({exc or type(exc).__name__})") from None
-            if not raw:
-                break
-            lineno += 1
-            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw, pos = raw[3:], 3
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                where = "decompressed " if compressed else ""
-                if on_invalid_utf8 == "error":
-                    raise DataError(
-                        f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line "
-                        f"(byte {pos + exc.start} of the {where}file): {exc.reason}; "
-                        f"use --on-invalid-utf8 replace or skip to go on") from None
-                if on_invalid_utf8 == "skip":
-                    pos += len(raw)
-                    stats.lines = lineno
-                    yield None
-                    continue
-                text = raw.decode("utf-8", errors="replace")
-                stats.replaced += 1
-            pos += len(raw)
-            stats.lines = lineno
-            yield text.strip() if strip else text.rstrip("\r\n")
-    finally:
-        f.close()
+    return iter_text_lines(path, on_invalid_utf8, strip="both" if strip else "eol", stats=stats,
+                           hint=_UTF8_HINT)
 
 
 def read_lines(path: str | os.PathLike, on_invalid_utf8: str = "error") -> list[str | None]:
     return list(iter_lines(path, on_invalid_utf8))
-
-
-def count_lines(path: str | os.PathLike) -> int:
-    """Number of lines, without decoding (for messages about misaligned files)."""
-    f = _open_binary(Path(path))
-    n = 0
-    try:
-        for _ in f:
-            n += 1
-    except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
-        raise DataError(f"{path}:{n + 1}: corrupt gzip data ({exc or type(exc).__name__})") from None
-    finally:
-        f.close()
-    return n
 
 
 # ----------------------------------------------------------------------- parallel

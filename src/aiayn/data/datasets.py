@@ -32,8 +32,10 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from aiayn.errors import DataError
+from aiayn.fileio import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -315,15 +317,11 @@ def fetch_file(file: RemoteFile, dest: Path, mirror: Path | None = None, progres
 
 
 def _atomic_fetch(target: Path, file: RemoteFile, write: Callable[[Path], object], origin: str) -> None:
+    """``write(tmp)`` then verify the checksum; only a verified file gets ``target``'s name."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.part-{os.getpid()}")
-    try:
+    with atomic_path(target, durable=False) as tmp:
         write(tmp)
         verify(tmp, file, origin=origin)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _http_get(file: RemoteFile, tmp: Path, progress: bool) -> None:
@@ -384,9 +382,8 @@ def _extract(archive: Path, member: str, out_root: Path, sgm: bool) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.part-{os.getpid()}")
     try:
-        with tarfile.open(archive) as tar:
+        with atomic_path(target, durable=False) as tmp, tarfile.open(archive) as tar:
             try:
                 info = tar.getmember(member)
             except KeyError:
@@ -396,17 +393,18 @@ def _extract(archive: Path, member: str, out_root: Path, sgm: bool) -> Path:
                 raise DataError(f"{archive}: member {member} is not a regular file")
             with f, open(tmp, "wb") as out:
                 if sgm:
-                    for raw in f:
-                        line = raw.decode("utf-8", errors="replace")
-                        if line.lstrip().startswith("<seg "):
-                            text = _SEG.sub(r"\1", line.strip()).strip()
-                            out.write(text.encode("utf-8") + b"\n")
+                    _sgm_to_text(f, out)
                 else:
                     shutil.copyfileobj(f, out, 1 << 20)
-        os.replace(tmp, target)
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise DataError(f"{archive}: cannot extract {member} ({exc})") from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return target
+
+
+def _sgm_to_text(f: IO[bytes], out: IO[bytes]) -> None:
+    """The text of each ``<seg>`` of an SGML file, one a line, the way sacreBLEU reads it."""
+    for raw in f:
+        line = raw.decode("utf-8", errors="replace")
+        if line.lstrip().startswith("<seg "):
+            text = _SEG.sub(r"\1", line.strip()).strip()
+            out.write(text.encode("utf-8") + b"\n")

@@ -45,12 +45,12 @@ from aiayn.data.binarize import (
     binarize,
     cache_key,
     file_digest,
-    make_temp_dir,
     read_key,
 )
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
+from aiayn.fileio import atomic_dir, atomic_file, make_temp_dir
 from aiayn.text.tokenizer import Tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -259,100 +259,114 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     t0 = time.perf_counter()
     cfg.validate()
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY).is_file():
-        raise DataError(f"{out}: refusing to overwrite a non-empty directory that is not a prepared-data "
-                        f"directory (no {SUMMARY}); choose another --out")
+    _check_out_dir(out)
     sources = resolve_sources(cfg, progress)
     old = _old_summary(out)
     timings: dict[str, float] = {}
     reused: dict[str, bool] = {}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir(out)
-    try:
-        # 1. Tokenizer: reuse the previous one if trained on the same text with the same settings.
+    with atomic_dir(out, force=True) as tmp:
         t = time.perf_counter()
-        given = _given_tokenizer(cfg)
-        tok_key = _tokenizer_key(cfg, sources["train"], given)
-        tokenizer = None
-        if given is not None:
-            tokenizer = given
-            tokenizer.save(tmp)
-            reused["tokenizer"] = True
-        elif old.get("tokenizer_key") == tok_key:
-            try:
-                tokenizer = Tokenizer.load(out)
-                tokenizer.save(tmp)
-                reused["tokenizer"] = True
-            except DataError:
-                tokenizer = None
-        if tokenizer is None:
-            tokenizer = _train(cfg, sources["train"], tmp)
-            reused["tokenizer"] = False
+        tokenizer, tok_key = _prepare_tokenizer(cfg, sources["train"], out, tmp, old, reused)
         timings["tokenizer"] = time.perf_counter() - t
-
-        # 2. Binarized splits, each keyed by its inputs, the tokenizer and the filters.
         splits: dict[str, dict[str, Any]] = {}
         for role, source in sources.items():
             t = time.perf_counter()
-            filters = _filters(cfg) if role == "train" else None
-            key = cache_key([source.tag], tokenizer, filters, on_invalid_utf8=cfg.on_invalid_utf8)
-            stats = ReadStats()
-            dataset = None
-            if read_key(out / role) == key and (role == "train" or _has_text(out, role)):
-                try:
-                    dataset = _reuse_split(out, tmp, role)
-                    reused[role] = True
-                except (DataError, OSError):
-                    dataset = None
-            if dataset is None:
-                dataset = _build_split(source, role, tokenizer, tmp, filters, key, stats)
-                reused[role] = False
-            meta = dataset.meta
-            splits[role] = {
-                "name": source.name,
-                "pairs": int(meta["pairs"]),
-                "lines": int(meta.get("lines", meta["pairs"])),
-                "dropped": dict(meta["dropped"]),
-                "tokens": int(meta["src_tokens"]) + int(meta["tgt_tokens"]),
-                "src_tokens": int(meta["src_tokens"]),
-                "tgt_tokens": int(meta["tgt_tokens"]),
-                "replaced_invalid_utf8": int(meta.get("replaced", 0)),
-                "files": source.files,
-            }
+            splits[role] = _prepare_split(cfg, role, source, tokenizer, out, tmp, reused)
             timings[role] = time.perf_counter() - t
-
-        summary = {
-            "format_version": PREPARE_VERSION,
-            "source": {"dataset": cfg.dataset, "synthetic": cfg.synthetic,
-                       "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang},
-            "splits": splits,
-            "vocab_size": tokenizer.src_vocab_size,
-            "src_vocab_size": tokenizer.src_vocab_size,
-            "tgt_vocab_size": tokenizer.tgt_vocab_size,
-            "joint_vocab": tokenizer.joint,
-            "tokenizer_files": tokenizer.model_files,
-            "spm": _spm_settings(cfg),
-            "filters": dataclasses.asdict(_filters(cfg)),
-            "on_invalid_utf8": cfg.on_invalid_utf8,
-            "input_key": input_key(cfg, sources),
-            "tokenizer_key": tok_key,
-            "reused": reused,
-            "time_s": {k: round(v, 3) for k, v in timings.items()},
-            "config": dataclasses.asdict(cfg),
-        }
+        summary = _summary(cfg, sources, tokenizer, tok_key, splits, reused, timings)
         summary.update(extra_summary or {})
         for name, path in (extra_files or {}).items():
             shutil.copyfile(path, tmp / name)
         summary["time_s"]["total"] = round(time.perf_counter() - t0, 3)
         (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        _swap_in(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     log.info("prepared %s in %.1f s", out, summary["time_s"]["total"])
     return summary
+
+
+def _check_out_dir(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY).is_file():
+        raise DataError(f"{out}: refusing to overwrite a non-empty directory that is not a prepared-data "
+                        f"directory (no {SUMMARY}); choose another --out")
+
+
+def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old: dict[str, Any],
+                       reused: dict[str, bool]) -> tuple[Tokenizer, str]:
+    """The tokenizer and its key: a given one, else the previous one if trained on the same
+    text with the same settings, else a new one; saved into ``tmp``."""
+    given = _given_tokenizer(cfg)
+    tok_key = _tokenizer_key(cfg, train, given)
+    tokenizer = None
+    if given is not None:
+        tokenizer = given
+        tokenizer.save(tmp)
+        reused["tokenizer"] = True
+    elif old.get("tokenizer_key") == tok_key:
+        try:
+            tokenizer = Tokenizer.load(out)
+            tokenizer.save(tmp)
+            reused["tokenizer"] = True
+        except DataError:
+            tokenizer = None
+    if tokenizer is None:
+        tokenizer = _train(cfg, train, tmp)
+        reused["tokenizer"] = False
+    return tokenizer, tok_key
+
+
+def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokenizer, out: Path, tmp: Path,
+                   reused: dict[str, bool]) -> dict[str, Any]:
+    """One binarized split in ``tmp``, reused from ``out`` when its key (inputs, tokenizer,
+    filters) did not change; returns its entry of the summary."""
+    filters = _filters(cfg) if role == "train" else None
+    key = cache_key([source.tag], tokenizer, filters, on_invalid_utf8=cfg.on_invalid_utf8)
+    dataset = None
+    if read_key(out / role) == key and (role == "train" or _has_text(out, role)):
+        try:
+            dataset = _reuse_split(out, tmp, role)
+            reused[role] = True
+        except (DataError, OSError):
+            dataset = None
+    if dataset is None:
+        dataset = _build_split(source, role, tokenizer, tmp, filters, key, ReadStats())
+        reused[role] = False
+    meta = dataset.meta
+    return {
+        "name": source.name,
+        "pairs": int(meta["pairs"]),
+        "lines": int(meta.get("lines", meta["pairs"])),
+        "dropped": dict(meta["dropped"]),
+        "tokens": int(meta["src_tokens"]) + int(meta["tgt_tokens"]),
+        "src_tokens": int(meta["src_tokens"]),
+        "tgt_tokens": int(meta["tgt_tokens"]),
+        "replaced_invalid_utf8": int(meta.get("replaced", 0)),
+        "files": source.files,
+    }
+
+
+def _summary(cfg: DataConfig, sources: dict[str, Source], tokenizer: Tokenizer, tok_key: str,
+             splits: dict[str, dict[str, Any]], reused: dict[str, bool], timings: dict[str, float]
+             ) -> dict[str, Any]:
+    return {
+        "format_version": PREPARE_VERSION,
+        "source": {"dataset": cfg.dataset, "synthetic": cfg.synthetic,
+                   "src_lang": cfg.src_lang, "tgt_lang": cfg.tgt_lang},
+        "splits": splits,
+        "vocab_size": tokenizer.src_vocab_size,
+        "src_vocab_size": tokenizer.src_vocab_size,
+        "tgt_vocab_size": tokenizer.tgt_vocab_size,
+        "joint_vocab": tokenizer.joint,
+        "tokenizer_files": tokenizer.model_files,
+        "spm": _spm_settings(cfg),
+        "filters": dataclasses.asdict(_filters(cfg)),
+        "on_invalid_utf8": cfg.on_invalid_utf8,
+        "input_key": input_key(cfg, sources),
+        "tokenizer_key": tok_key,
+        "reused": reused,
+        "time_s": {k: round(v, 3) for k, v in timings.items()},
+        "config": dataclasses.asdict(cfg),
+    }
 
 
 def ensure_prepared(cfg: DataConfig, out_dir: str | os.PathLike) -> Path:
@@ -466,22 +480,11 @@ def _link_tree(src: Path, dst: Path) -> None:
 
 
 def _write_text(path: Path, lines: Iterator[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    # Replaced, not written in place: a reused split's file here may be a hard link to the
+    # previous directory's, which must stay intact until the swap.
+    with atomic_file(path, "wb", durable=False) as f:
         for line in lines:
-            f.write(line + "\n")
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by the finished ``tmp``: rename the old away, rename the new in, delete the old."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+            f.write((line + "\n").encode("utf-8"))
 
 
 # ------------------------------------------------------------------------ parsing

@@ -56,14 +56,13 @@ parallel text: ``{role}.src.txt`` (words), ``{role}.tgt.txt`` (linearized tree) 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.errors import DataError
+from aiayn.fileio import write_all_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +138,16 @@ def _tokens(text: str) -> Iterator[tuple[str, int]]:
             yield tok, number
 
 
+@dataclass
+class _Frame:
+    """A node being read: its label (None until read; "" for an unlabeled outer bracket)."""
+
+    label: str | None
+    line: int  # where its bracket opens
+    children: list[Tree] = field(default_factory=list)
+    word: str | None = None
+
+
 def iter_trees(text: str, source: str = "<string>") -> Iterator[tuple[int, Tree]]:
     """Parse every bracketed tree in ``text``; yield (line where it starts, tree).
 
@@ -146,45 +155,55 @@ def iter_trees(text: str, source: str = "<string>") -> Iterator[tuple[int, Tree]
     text outside brackets, a node with no label and no children, or words mixed with
     constituents in one node.
     """
-    # Each frame: [label or None (not read yet), children, word, start line].
-    stack: list[list] = []
+    stack: list[_Frame] = []
     start_line = 0
     for tok, line in _tokens(text):
         if tok == "(":
             if not stack:
                 start_line = line
-            elif stack[-1][0] is None:
-                stack[-1][0] = ""  # "( (S ..." : the outer bracket has no label
-            stack.append([None, [], None, line])
+            elif stack[-1].label is None:
+                stack[-1].label = ""  # "( (S ..." : the outer bracket has no label
+            stack.append(_Frame(None, line))
         elif tok == ")":
-            if not stack:
-                raise DataError(f"{source}:{line}: closing bracket with no open bracket")
-            label, children, word, open_line = stack.pop()
-            if label is None:
-                raise DataError(f"{source}:{open_line}: empty brackets '()'")
-            node = Tree(label, children, word)
+            node = _close_node(stack, source, line)
             if not stack:
                 yield start_line, node
-            else:
-                parent = stack[-1]
-                if parent[2] is not None:
-                    raise DataError(f"{source}:{line}: node '{parent[0]}' mixes a word and constituents")
-                parent[1].append(node)
         else:
-            if not stack:
-                raise DataError(f"{source}:{line}: text outside brackets: {tok!r}")
-            frame = stack[-1]
-            if frame[0] is None:
-                frame[0] = tok
-            elif frame[2] is None and not frame[1]:
-                frame[2] = tok
-            else:
-                raise DataError(
-                    f"{source}:{line}: node '{frame[0]}' has more than one word or mixes words "
-                    f"and constituents (at {tok!r})"
-                )
+            _read_atom(stack, tok, source, line)
     if stack:
-        raise DataError(f"{source}:{stack[0][3]}: unbalanced brackets (tree never closed)")
+        raise DataError(f"{source}:{stack[0].line}: unbalanced brackets (tree never closed)")
+
+
+def _close_node(stack: list[_Frame], source: str, line: int) -> Tree:
+    """The innermost open node, closed; added to its parent's children if it has one."""
+    if not stack:
+        raise DataError(f"{source}:{line}: closing bracket with no open bracket")
+    frame = stack.pop()
+    if frame.label is None:
+        raise DataError(f"{source}:{frame.line}: empty brackets '()'")
+    node = Tree(frame.label, frame.children, frame.word)
+    if stack:
+        parent = stack[-1]
+        if parent.word is not None:
+            raise DataError(f"{source}:{line}: node '{parent.label}' mixes a word and constituents")
+        parent.children.append(node)
+    return node
+
+
+def _read_atom(stack: list[_Frame], tok: str, source: str, line: int) -> None:
+    """A label or a word: the first atom of a node is its label, a second one its word."""
+    if not stack:
+        raise DataError(f"{source}:{line}: text outside brackets: {tok!r}")
+    frame = stack[-1]
+    if frame.label is None:
+        frame.label = tok
+    elif frame.word is None and not frame.children:
+        frame.word = tok
+    else:
+        raise DataError(
+            f"{source}:{line}: node '{frame.label}' has more than one word or mixes words "
+            f"and constituents (at {tok!r})"
+        )
 
 
 def parse_tree(text: str, source: str = "<string>") -> Tree:
@@ -377,6 +396,34 @@ def _finish(node: Tree) -> list[Tree]:
     return result
 
 
+def _bracket_nodes(pred_tokens: Sequence[str], n_words: int, preterminal: Callable[[int], Tree],
+                   placeholder: str, known: frozenset[str] | None) -> tuple[list[Tree], int]:
+    """The predicted brackets as nodes (unknown or malformed labels marked to be dissolved),
+    with a preterminal for each placeholder up to ``n_words``; returns the top-level nodes
+    and the number of words placed."""
+    top: list[Tree] = []
+    stack: list[Tree] = []
+    n = 0  # words placed so far
+    for tok in pred_tokens:
+        siblings = stack[-1].children if stack else top
+        if tok == placeholder:
+            if n < n_words:
+                siblings.append(preterminal(n))
+                n += 1
+        elif tok.startswith("("):
+            label = tok[1:]
+            if not _is_label(label) or (known is not None and label not in known):
+                label = _DISSOLVE
+            node = Tree(label)
+            siblings.append(node)
+            stack.append(node)
+        elif tok.startswith(")"):
+            if stack:
+                stack.pop()
+        # Anything else (<unk>, a bare label) carries no structure: dropped.
+    return top, n
+
+
 def rebuild(
     pred_tokens: Sequence[str],
     words: Sequence[str],
@@ -401,26 +448,7 @@ def rebuild(
     def preterminal(i: int) -> Tree:
         return Tree(tags[i] if tags is not None else placeholder, [], words[i])
 
-    top: list[Tree] = []
-    stack: list[Tree] = []
-    n = 0  # words placed so far
-    for tok in pred_tokens:
-        if tok == placeholder:
-            if n < len(words):
-                (stack[-1].children if stack else top).append(preterminal(n))
-                n += 1
-        elif tok.startswith("("):
-            label = tok[1:]
-            if not _is_label(label) or (known is not None and label not in known):
-                label = _DISSOLVE
-            node = Tree(label)
-            (stack[-1].children if stack else top).append(node)
-            stack.append(node)
-        elif tok.startswith(")"):
-            if stack:
-                stack.pop()
-        # Anything else (<unk>, a bare label) carries no structure: dropped.
-
+    top, n = _bracket_nodes(pred_tokens, len(words), preterminal, placeholder, known)
     pieces = _finish(Tree(_DISSOLVE, top))
     if len(pieces) == 1 and not pieces[0].is_preterminal:
         root = pieces[0]
@@ -441,21 +469,25 @@ def _split_files(ptb_dir: Path, first: int, last: int) -> list[Path]:
     return files
 
 
-def _write_atomically(contents: Mapping[Path, str]) -> None:
-    """No file half-written: every temporary is written before any rename, so a failure
-    while reading or writing leaves the old files (or none) in place."""
-    temps: dict[Path, Path] = {}
-    try:
-        for path, text in contents.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            temps[path] = Path(tmp)
-        for path, tmp in temps.items():
-            os.replace(tmp, path)
-    finally:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
+def _parsing_lines(files: list[Path], placeholder: str) -> tuple[list[str], list[str], list[str], int]:
+    """Source, target and gold lines (newline-terminated) of the cleaned trees in ``files``,
+    and how many trees were skipped for having no words."""
+    src_lines: list[str] = []
+    tgt_lines: list[str] = []
+    gold_lines: list[str] = []
+    skipped = 0
+    for path in files:
+        for line, raw in read_trees_with_lines(path):
+            tree = clean_tree(raw)
+            if tree is None:
+                logger.warning("%s:%d: tree has no words after removing empty elements; skipped", path, line)
+                skipped += 1
+                continue
+            # Words never hold whitespace: the reader splits on it.
+            src_lines.append(" ".join(tree.leaves()) + "\n")
+            tgt_lines.append(" ".join(linearize(tree, placeholder)) + "\n")
+            gold_lines.append(tree_to_string(tree) + "\n")
+    return src_lines, tgt_lines, gold_lines, skipped
 
 
 def prepare_parsing(
@@ -486,21 +518,7 @@ def prepare_parsing(
     contents: dict[Path, str] = {}
     summary: dict = {"splits": {}, "placeholder": placeholder, "source": str(ptb_dir)}
     for role, (first, last) in splits.items():
-        src_lines: list[str] = []
-        tgt_lines: list[str] = []
-        gold_lines: list[str] = []
-        skipped = 0
-        for path in _split_files(ptb_dir, first, last):
-            for line, raw in read_trees_with_lines(path):
-                tree = clean_tree(raw)
-                if tree is None:
-                    logger.warning("%s:%d: tree has no words after removing empty elements; skipped", path, line)
-                    skipped += 1
-                    continue
-                # Words never hold whitespace: the reader splits on it.
-                src_lines.append(" ".join(tree.leaves()) + "\n")
-                tgt_lines.append(" ".join(linearize(tree, placeholder)) + "\n")
-                gold_lines.append(tree_to_string(tree) + "\n")
+        src_lines, tgt_lines, gold_lines, skipped = _parsing_lines(_split_files(ptb_dir, first, last), placeholder)
         contents[out_dir / f"{role}.src.txt"] = "".join(src_lines)
         contents[out_dir / f"{role}.tgt.txt"] = "".join(tgt_lines)
         contents[out_dir / f"{role}.gold.txt"] = "".join(gold_lines)
@@ -513,5 +531,5 @@ def prepare_parsing(
         logger.info("parsing %s: %d trees from wsj_%04d-wsj_%04d", role, len(src_lines), first, last)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomically(contents)
+    write_all_atomic(contents, durable=False)
     return summary

@@ -15,15 +15,14 @@ hypothesis/reference line-count mismatch is an error, never a truncation.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from aiayn.errors import DataError
+from aiayn.fileio import iter_text_lines
 
 log = logging.getLogger(__name__)
 
@@ -130,26 +129,6 @@ def read_lines(path: str | os.PathLike, on_invalid_utf8: str = "error") -> list[
     """Lines of a (possibly gzipped) UTF-8 file as sacreBLEU's command line reads them:
     split at ``\\n`` only, trailing whitespace removed. Invalid UTF-8 is an error naming the
     line unless ``on_invalid_utf8="replace"``."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: file not found" if not path.exists() else f"{path}: not a file")
-    try:
-        raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as exc:
-        raise DataError(f"{path}: cannot read ({exc})") from None
-    if raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    parts = raw.split(b"\n")
-    if parts and parts[-1] == b"":
-        parts.pop()  # the final newline ends the last line; it does not start a new one
-    lines = []
-    for lineno, line in enumerate(parts, 1):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if on_invalid_utf8 != "replace":
-                raise DataError(f"{path}:{lineno}: invalid UTF-8 at byte {exc.start} of the line "
-                                f"({exc.reason})") from None
-            text = line.decode("utf-8", errors="replace")
-        lines.append(text.rstrip())
-    return lines
+    mode = "replace" if on_invalid_utf8 == "replace" else "error"
+    # No line is None: that happens only under "skip".
+    return [line for line in iter_text_lines(path, mode, strip="trailing") if line is not None]

@@ -4,6 +4,10 @@
 keys/values computed once, self-attention keys/values cached, one position per step.
 :class:`RecomputingDecoder` reruns the whole teacher-forced decoder at every step; it is
 slow and exists as the reference that the cache is tested against.
+
+Both run a :class:`~aiayn.inference.prepare.PreparedModel` (a plain Transformer given to
+them is prepared as it is: same device and dtype) and end each step with its vocabulary
+projection, so the two compute the same numbers in every precision, int8 included.
 """
 
 from __future__ import annotations
@@ -15,7 +19,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from aiayn.inference.prepare import PreparedModel, prepare_for_inference
 from aiayn.model import KVCache, Transformer
+
+
+def _prepared(model: Transformer | PreparedModel) -> PreparedModel:
+    return model if isinstance(model, PreparedModel) else prepare_for_inference(model)
 
 
 def _max_positions(model: Transformer) -> int | None:
@@ -29,10 +38,12 @@ class IncrementalDecoder:
     ``torch.bfloat16``); None runs the model in whatever dtype its weights have.
     """
 
-    def __init__(self, model: Transformer, autocast: torch.dtype | None = None) -> None:
-        self.model = model
+    def __init__(self, model: Transformer | PreparedModel, autocast: torch.dtype | None = None) -> None:
+        prepared = _prepared(model)
+        self.model = prepared.model
+        self.project = prepared.step_projection
         self.autocast = autocast
-        self.max_steps = _max_positions(model)
+        self.max_steps = _max_positions(self.model)
 
     @contextlib.contextmanager
     def _precision(self, device: torch.device) -> Iterator[None]:
@@ -49,7 +60,8 @@ class IncrementalDecoder:
 
     def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         with self._precision(tokens.device):
-            return self.model.decode_step(tokens, state, need_attn)  # (R, V), (R, L, H, S)
+            h, attn = self.model.decode_step(tokens, state, need_attn, project=False)  # (R, D), (R, L, H, S)
+            return self.project(h), attn  # (R, V)
 
     def reorder(self, state: KVCache, index: Tensor, same_sources: bool = False) -> KVCache:
         state.reorder(index, same_sources=same_sources)
@@ -66,9 +78,11 @@ class _FullState:
 class RecomputingDecoder:
     """Reruns :meth:`Transformer.decode` over the whole prefix each step (no cache)."""
 
-    def __init__(self, model: Transformer) -> None:
-        self.model = model
-        self.max_steps = _max_positions(model)
+    def __init__(self, model: Transformer | PreparedModel) -> None:
+        prepared = _prepared(model)
+        self.model = prepared.model
+        self.project = prepared.step_projection
+        self.max_steps = _max_positions(self.model)
 
     def init_state(self, src: Tensor, max_steps: int) -> _FullState:
         memory, src_mask = self.model.encode(src)
@@ -77,9 +91,9 @@ class RecomputingDecoder:
 
     def step(self, tokens: Tensor, state: _FullState, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         state.tokens = torch.cat([state.tokens, tokens[:, None]], dim=1)
-        logits, attn = self.model.decode(state.tokens, state.memory, state.src_mask, need_attn)
-        # logits (R, T, V); attn (R, L, H, T, S): keep the last position.
-        return logits[:, -1], (attn[:, :, :, -1] if attn is not None else None)
+        h, attn = self.model.decode(state.tokens, state.memory, state.src_mask, need_attn, project=False)
+        # h (R, T, D); attn (R, L, H, T, S): keep the last position.
+        return self.project(h[:, -1]), (attn[:, :, :, -1] if attn is not None else None)
 
     def reorder(self, state: _FullState, index: Tensor, same_sources: bool = False) -> _FullState:
         return _FullState(state.memory.index_select(0, index), state.src_mask.index_select(0, index),

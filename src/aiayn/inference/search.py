@@ -18,6 +18,10 @@ Conventions (shared by the three searches):
 * The length ``|Y|`` in the length penalty counts the EOS (fairseq, tensor2tensor):
   ``gnmt``: lp = ((5 + |Y|) / 6)^alpha (the paper's setting, alpha = 0.6);
   ``fairseq``: lp = |Y|^alpha. A hypothesis' score is its summed log-probability / lp.
+* Every search runs the same step on its live rows (:class:`_Run`): one model step ->
+  log-probabilities -> the constraints' masks (min/max length, prefix, n-gram repeats) ->
+  its own selection (beam top-k, argmax, a draw) -> the rows that chose EOS finish ->
+  the model state and the rows are reordered to the survivors and extended.
 * The hot path is vectorised over (sentences x beams): one model step per time step for
   the whole batch, one top-k over beam*vocab per sentence, and one ``reorder`` that both
   follows the beam parents and drops the rows of sentences that are done. Python loops
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -166,20 +170,7 @@ class _Constraints:
         lprobs[:, self.bos] = NEG_INF
         if t < self.min_len:
             lprobs[:, self.eos] = NEG_INF
-        n = self.no_repeat_ngram_size
-        if n > 0 and t >= n - 1:
-            if n == 1:
-                if t > 0:
-                    lprobs.scatter_(1, hist, NEG_INF)
-            elif t >= n:
-                # All n-grams so far (R, t-n+1, n); ban the last token of those whose first
-                # n-1 tokens equal the current suffix.
-                windows = hist.unfold(1, n, 1)
-                suffix = hist[:, t - n + 1:]  # (R, n-1)
-                match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (R, W)
-                rows, which = match.nonzero(as_tuple=True)
-                if rows.numel():
-                    lprobs[rows, windows[rows, which, -1]] = NEG_INF
+        _ban_repeated_ngrams(lprobs, t, hist, self.no_repeat_ngram_size)
         if bool(at_max.any()):
             # Only EOS from here: the max-length bound of section 6.1.
             lprobs[at_max] = NEG_INF
@@ -191,8 +182,22 @@ class _Constraints:
         return lprobs
 
 
-def _constraints(cfg: DecodeConfig, pad: int, bos: int, eos: int) -> _Constraints:
-    return _Constraints(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
+def _ban_repeated_ngrams(lprobs: Tensor, t: int, hist: Tensor, n: int) -> None:
+    """Mask, in place, every token that would repeat an n-gram of ``hist`` (R, t); n = 0: none."""
+    if n <= 0 or t < n - 1:
+        return
+    if n == 1:
+        if t > 0:
+            lprobs.scatter_(1, hist, NEG_INF)
+    elif t >= n:
+        # All n-grams so far (R, t-n+1, n); ban the last token of those whose first
+        # n-1 tokens equal the current suffix.
+        windows = hist.unfold(1, n, 1)
+        suffix = hist[:, t - n + 1:]  # (R, n-1)
+        match = (windows[:, :, :-1] == suffix[:, None, :]).all(dim=-1)  # (R, W)
+        rows, which = match.nonzero(as_tuple=True)
+        if rows.numel():
+            lprobs[rows, windows[rows, which, -1]] = NEG_INF
 
 
 # Vocabulary blocks of row_topk: 128 measured fastest of 64-512 for a 32,000-word vocabulary.
@@ -260,6 +265,111 @@ class _Finished:
         return [h[:self.nbest] for h in self.hyps]
 
 
+# ------------------------------------------------------- the step every search shares
+
+
+@dataclass
+class _Rows:
+    """The live rows -- hypotheses being extended, one model row each -- and what a step needs
+    of them. Every per-row tensor follows the rows through :meth:`select`."""
+
+    sent: Tensor  # (R,) on the CPU: the sentence of src each row belongs to
+    max_len: Tensor  # (R,) the most output tokens before EOS is forced
+    prefix: Tensor  # (R, P) the forced prefix, -1 = free
+    prev: Tensor  # (R,) the token the next step is fed (BOS first)
+    tokens: Tensor  # (R, t) the tokens so far
+    attn: Tensor | None = None  # (R, t, ..., S) cross-attention of every step so far
+
+    def add_attention(self, attn: Tensor | None) -> None:
+        """Append a step's cross-attention (R, ..., S), if the model returned one."""
+        if attn is not None:
+            step = attn.unsqueeze(1)  # (R, 1, ..., S)
+            self.attn = step if self.attn is None else torch.cat([self.attn, step], dim=1)
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows ``index`` (R',) in that order: a beam's parents, or the rows not done."""
+        self.sent = self.sent[index.cpu()]
+        self.max_len = self.max_len.index_select(0, index)
+        self.prefix = self.prefix.index_select(0, index)
+        self.tokens = self.tokens.index_select(0, index)
+        if self.attn is not None:
+            self.attn = self.attn.index_select(0, index)
+
+    def extend(self, tok: Tensor) -> None:
+        """Each row's next token (R,): the next step's input and the last of its tokens."""
+        self.prev = tok
+        self.tokens = torch.cat([self.tokens, tok[:, None]], dim=1)
+
+
+@dataclass
+class _Run:
+    """One search's shared part: the model and its state, the live rows, the finished
+    hypotheses, and the per-sentence numbers fixed at the start. Each step of every search
+    is: :meth:`log_probs` (model step, then the constraints' masks), its own selection,
+    :meth:`finish` for the rows that chose EOS, :meth:`reorder` + ``rows.extend``."""
+
+    model: DecoderModel
+    cfg: DecodeConfig
+    cons: _Constraints
+    need_attn: bool
+    src_len: Tensor  # (B,) on the CPU: |x| per sentence
+    max_len: Tensor  # (B,) on the CPU: the most output tokens per sentence
+    total_steps: int  # steps that the longest allowed output needs (its EOS included)
+    state: Any  # the model's
+    rows: _Rows
+    fin: _Finished
+
+    def log_probs(self, t: int) -> Tensor:
+        """Step ``t`` for every live row: the masked next-token log-probabilities (R, V)."""
+        rows = self.rows
+        logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
+        lprobs = self.cons.apply(_log_probs(logits), t, rows.tokens, rows.max_len, rows.prefix)
+        rows.add_attention(attn)
+        return lprobs
+
+    def finish(self, index: Tensor, log_prob: list[float], t: int) -> None:
+        """Store rows ``index`` ended by EOS at step ``t`` (t tokens before it) with their
+        summed log-probabilities, in that order."""
+        lp = float(length_penalty(float(t + 1), self.cfg.lenpen, self.cfg.lenpen_style))
+        toks = self.rows.tokens.index_select(0, index).tolist()
+        for m, r in enumerate(index.tolist()):
+            s = int(self.rows.sent[r])
+            attention = None
+            if self.rows.attn is not None:
+                attention = _trim_attention(self.rows.attn[r], int(self.src_len[s]))
+            self.fin.add(s, SearchHypothesis(tokens=toks[m], score=log_prob[m] / lp, log_prob=log_prob[m],
+                                             attention=attention))
+
+    def reorder(self, index: Tensor, same_sources: bool = False) -> None:
+        """Keep rows ``index`` of the model state and of the live rows."""
+        self.state = self.model.reorder(self.state, index, same_sources=same_sources)
+        self.rows.select(index)
+
+
+def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, nbest: int,
+           prefix: list[list[int]] | None, need_attn: bool, pad: int, bos: int, eos: int) -> _Run | None:
+    """Encode ``src`` and set up ``copies`` rows per sentence; None for an empty batch."""
+    device = src.device
+    n_sent = src.size(0)
+    src_len = source_lengths(src, pad).cpu()
+    prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
+    max_len = max_output_lengths(src_len, cfg, model.max_steps, prefix_len)
+    if n_sent == 0:
+        return None
+    total_steps = int(max_len.max()) + 1
+    state = model.init_state(src, total_steps)
+    sent = torch.arange(n_sent).repeat_interleave(copies)
+    if copies > 1:
+        state = model.reorder(state, sent.to(device))
+    n_rows = sent.numel()
+    rows = _Rows(sent=sent, max_len=max_len.repeat_interleave(copies).to(device),
+                 prefix=prefix_all.repeat_interleave(copies, dim=0),
+                 prev=torch.full((n_rows,), bos, dtype=torch.long, device=device),
+                 tokens=torch.empty(n_rows, 0, dtype=torch.long, device=device))
+    cons = _Constraints(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
+    return _Run(model, cfg, cons, need_attn, src_len, max_len, total_steps, state, rows, _Finished(n_sent, nbest))
+
+
 # ----------------------------------------------------------------------- searches
 
 
@@ -294,116 +404,101 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     allowed output: tensor2tensor's bound), or when no live hypothesis is left. Done
     sentences leave the batch at once.
     """
-    device = src.device
-    n_sent = src.size(0)
-    k_beam = cfg.beam
-    cons = _constraints(cfg, pad, bos, eos)
-    src_len_all = source_lengths(src, pad).cpu()
-    prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
-    max_len_all = max_output_lengths(src_len_all, cfg, model.max_steps, prefix_len)
-    total_steps = int(max_len_all.max()) + 1 if n_sent else 0
-    fin = _Finished(n_sent, cfg.nbest)
-    if n_sent == 0:
+    run = _start(model, src, cfg, copies=1, nbest=cfg.nbest, prefix=prefix, need_attn=need_attn,
+                 pad=pad, bos=bos, eos=eos)
+    if run is None:
         return []
-    state = model.init_state(src, total_steps)
-
-    # Per live sentence (n,): its index in src, max length, prefix.
-    sent = torch.arange(n_sent)
-    max_len = max_len_all.to(device)
-    prefix_t = prefix_all
     # The largest length penalty a live hypothesis may still get (at the longest allowed
     # output; lp is monotone in the length, so the next length covers alpha < 0).
-    lp_at_max = length_penalty(max_len_all.double() + 1, cfg.lenpen, cfg.lenpen_style).float()
-    # Per row (R = n * k): scores (n, k), the tokens so far (R, t), attention history.
-    k = 1  # one row per sentence until the first step has produced K different beams
-    scores = torch.zeros(n_sent, 1, device=device)
-    hist = torch.empty(n_sent, 0, dtype=torch.long, device=device)
-    prev = torch.full((n_sent,), bos, dtype=torch.long, device=device)
-    attn_hist: Tensor | None = None
-
-    for t in range(total_steps):
-        n = sent.numel()
-        logits, attn = model.step(prev, state, need_attn)
-        lprobs = _log_probs(logits)  # (R, V)
-        vocab = lprobs.size(-1)
-        cons.apply(lprobs, t, hist, max_len.repeat_interleave(k), prefix_t.repeat_interleave(k, dim=0))
-        if attn is not None:
-            step_attn = attn.unsqueeze(1)  # (R, 1, ..., S)
-            attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], dim=1)
-
-        # A beam's score is the same for all of its continuations, so the sentence's 2K best
-        # candidates are among the 2K best tokens of each of its rows: take those per row,
-        # then add the scores to (rows, 2K) values only, never to a (rows, vocab) tensor.
-        n_row = min(2 * k_beam, vocab)
-        row_vals, row_tok = row_topk(lprobs, n_row)  # (R, 2K)
-        cand = (scores.view(-1, 1) + row_vals).view(n, k * n_row)
-        n_cand = min(2 * k_beam, k * n_row)
-        top_scores, top_pos = cand.topk(n_cand, dim=1)  # (n, 2K), best first
-        top_beam = torch.div(top_pos, n_row, rounding_mode="floor")
-        top_tok = row_tok.view(n, k * n_row).gather(1, top_pos)
-        is_eos = top_tok == eos
-
-        # Finished: EOS among the K best candidates (with a finite score).
-        fin_mask = is_eos[:, :k_beam] & torch.isfinite(top_scores[:, :k_beam])
-        if bool(fin_mask.any()):
-            _record_beam_finished(fin, fin_mask, top_scores, top_beam, sent, hist, attn_hist,
-                                  src_len_all, k, t, cfg)
-
-        # Live: the K best candidates that do not end in EOS (stable order, best first).
-        offsets = torch.arange(n_cand, device=device)
-        rank = is_eos.long() * n_cand + offsets
-        sel = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
-        new_scores = top_scores.gather(1, sel)  # (n, K)
-        new_beam = top_beam.gather(1, sel)
-        new_tok = top_tok.gather(1, sel)
-
-        # Which sentences are done.
-        best_live = new_scores[:, 0].cpu()
-        lp_next = float(length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_style))
-        bound = best_live / lp_at_max[sent].clamp(min=lp_next)
-        count = fin.count[sent]
-        done = (count >= k_beam) | ~torch.isfinite(best_live)
-        done |= (count >= cfg.nbest) & (fin.nbest_score[sent] >= bound)
+    lp_at_max = length_penalty(run.max_len.double() + 1, cfg.lenpen, cfg.lenpen_style).float()
+    # Summed log-probabilities (n, k) of the n live sentences' k beams each; k = 1 until the
+    # first step has produced K different beams.
+    scores = torch.zeros(src.size(0), 1, device=src.device)
+    for t in range(run.total_steps):
+        k = scores.size(1)
+        lprobs = run.log_probs(t)  # (n * k, V)
+        top = _Beams.best(lprobs, scores, 2 * cfg.beam)
+        is_eos = top.tok == eos
+        _finish_beams(run, top, is_eos, k, t)
+        live = top.live(is_eos, cfg.beam)
+        done = _beams_done(run, live, k, lp_at_max, t)
         if bool(done.all()):
             break
-        keep = None
-        if bool(done.any()):
-            keep = (~done).nonzero(as_tuple=True)[0]
-            keep_dev = keep.to(device)
-            sent, max_len, prefix_t = sent[keep], max_len[keep_dev], prefix_t[keep_dev]
-            new_scores, new_beam, new_tok = new_scores[keep_dev], new_beam[keep_dev], new_tok[keep_dev]
-            parent = (keep_dev[:, None] * k + new_beam).view(-1)
-        else:
-            parent = (torch.arange(n, device=device)[:, None] * k + new_beam).view(-1)
-        # Rows stay with their sentence unless sentences left or the beams were just created.
-        same_sources = keep is None and k == new_scores.size(1)
-        k = new_scores.size(1)
-        state = model.reorder(state, parent, same_sources=same_sources)
-        scores = new_scores
-        prev = new_tok.view(-1)
-        hist = torch.cat([hist.index_select(0, parent), prev[:, None]], dim=1)
-        if attn_hist is not None:
-            attn_hist = attn_hist.index_select(0, parent)
-    logger.debug("beam search: %d sentences, beam %d, %d steps", n_sent, k_beam, t + 1)
-    return fin.results()
+        scores = _advance_beams(run, live, k, done)
+    logger.debug("beam search: %d sentences, beam %d, %d steps", src.size(0), cfg.beam, t + 1)
+    return run.fin.results()
 
 
-def _record_beam_finished(fin: _Finished, fin_mask: Tensor, top_scores: Tensor, top_beam: Tensor,
-                          sent: Tensor, hist: Tensor, attn_hist: Tensor | None,
-                          src_len: Tensor, k: int, t: int, cfg: DecodeConfig) -> None:
-    """Store the hypotheses that ended with EOS at step ``t`` (t tokens before EOS)."""
-    lp = float(length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_style))
-    rows_i, cols_j = fin_mask.nonzero(as_tuple=True)
-    parents = rows_i * k + top_beam[rows_i, cols_j]
-    raw = top_scores[rows_i, cols_j].tolist()
-    toks = hist.index_select(0, parents).tolist()
-    for m, (i, parent) in enumerate(zip(rows_i.tolist(), parents.tolist())):
-        s = int(sent[i])
-        attention = None
-        if attn_hist is not None:
-            attention = _trim_attention(attn_hist[parent], int(src_len[s]))
-        fin.add(s, SearchHypothesis(tokens=toks[m], score=raw[m] / lp, log_prob=raw[m],
-                                    attention=attention))
+class _Beams(NamedTuple):
+    """Candidates (n, c) of the n live sentences, best first: summed log-probability, the
+    parent beam (0..k-1 within the sentence), the token."""
+
+    scores: Tensor
+    beam: Tensor
+    tok: Tensor
+
+    @staticmethod
+    def best(lprobs: Tensor, scores: Tensor, c: int) -> _Beams:
+        """The ``c`` best continuations per sentence of beams ``scores`` (n, k); lprobs (n * k, V)."""
+        n, k = scores.shape
+        # A beam's score is the same for all of its continuations, so the sentence's c best
+        # candidates are among the c best tokens of each of its rows: take those per row,
+        # then add the scores to (rows, c) values only, never to a (rows, vocab) tensor.
+        n_row = min(c, lprobs.size(-1))
+        row_vals, row_tok = row_topk(lprobs, n_row)  # (R, c)
+        cand = (scores.view(-1, 1) + row_vals).view(n, k * n_row)
+        top_scores, top_pos = cand.topk(min(c, k * n_row), dim=1)  # (n, c), best first
+        top_beam = torch.div(top_pos, n_row, rounding_mode="floor")
+        return _Beams(top_scores, top_beam, row_tok.view(n, k * n_row).gather(1, top_pos))
+
+    def live(self, is_eos: Tensor, k_beam: int) -> _Beams:
+        """The ``k_beam`` best candidates that do not end in EOS (stable order, best first)."""
+        n_cand = self.scores.size(1)
+        rank = is_eos.long() * n_cand + torch.arange(n_cand, device=is_eos.device)
+        sel = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
+        return _Beams(*(x.gather(1, sel) for x in self))
+
+
+def _finish_beams(run: _Run, top: _Beams, is_eos: Tensor, k: int, t: int) -> None:
+    """Finish the hypotheses that chose EOS among their sentence's K best candidates (with a
+    finite score); each sentence has k rows."""
+    k_beam = run.cfg.beam
+    fin_mask = is_eos[:, :k_beam] & torch.isfinite(top.scores[:, :k_beam])
+    if bool(fin_mask.any()):
+        rows_i, cols_j = fin_mask.nonzero(as_tuple=True)
+        parents = rows_i * k + top.beam[rows_i, cols_j]
+        run.finish(parents, top.scores[rows_i, cols_j].tolist(), t)
+
+
+def _beams_done(run: _Run, live: _Beams, k: int, lp_at_max: Tensor, t: int) -> Tensor:
+    """(n,) bool on the CPU: the sentences (k rows each) whose search is over after step ``t``."""
+    cfg = run.cfg
+    sent = run.rows.sent[::k]  # (n,) each live sentence's index in src
+    best_live = live.scores[:, 0].cpu()
+    lp_next = float(length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_style))
+    bound = best_live / lp_at_max[sent].clamp(min=lp_next)
+    count = run.fin.count[sent]
+    done = (count >= cfg.beam) | ~torch.isfinite(best_live)
+    done |= (count >= cfg.nbest) & (run.fin.nbest_score[sent] >= bound)
+    return done
+
+
+def _advance_beams(run: _Run, live: _Beams, k: int, done: Tensor) -> Tensor:
+    """Drop the done sentences, move every row (k per sentence) to its live beam's parent and
+    extend it with the beam's token; returns the new beam scores (n', K)."""
+    n = live.scores.size(0)
+    device = live.scores.device
+    some_done = bool(done.any())
+    if some_done:
+        sents = (~done).nonzero(as_tuple=True)[0].to(device)
+        live = _Beams(*(x[sents] for x in live))
+    else:
+        sents = torch.arange(n, device=device)
+    # Rows stay with their sentence unless sentences left or the beams were just created.
+    same_sources = not some_done and k == live.scores.size(1)
+    run.reorder((sents[:, None] * k + live.beam).view(-1), same_sources=same_sources)
+    run.rows.extend(live.tok.view(-1))
+    return live.scores
 
 
 @torch.inference_mode()
@@ -448,74 +543,41 @@ def _filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
+def _draw(lprobs: Tensor, cfg: DecodeConfig, gen: torch.Generator) -> Tensor:
+    """One token per row (R,) drawn from the tempered, top-k / nucleus-filtered ``lprobs``."""
+    # Masks carry over (-inf stays -inf); temperature and filters only shape the draw.
+    draw = _filter_top_k_top_p(lprobs / cfg.temperature, cfg.top_k, cfg.top_p)
+    return torch.multinomial(draw.softmax(dim=-1), 1, generator=gen)[:, 0]
+
+
 def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, greedy: bool,
                       prefix: list[list[int]] | None, need_attn: bool,
                       pad: int, bos: int, eos: int) -> list[list[SearchHypothesis]]:
-    device = src.device
-    n_sent = src.size(0)
-    copies = 1 if greedy else cfg.beam
-    cons = _constraints(cfg, pad, bos, eos)
-    src_len_all = source_lengths(src, pad).cpu()
-    prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
-    max_len_all = max_output_lengths(src_len_all, cfg, model.max_steps, prefix_len)
-    fin = _Finished(n_sent, 1 if greedy else cfg.nbest)
-    if n_sent == 0:
+    """One row per (sentence, sample), each extended by its own token until it chooses EOS."""
+    run = _start(model, src, cfg, copies=1 if greedy else cfg.beam, nbest=1 if greedy else cfg.nbest,
+                 prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos)
+    if run is None:
         return []
-    total_steps = int(max_len_all.max()) + 1
-    state = model.init_state(src, total_steps)
-    # One row per (sentence, sample).
-    row_sent = torch.arange(n_sent).repeat_interleave(copies)
-    if copies > 1:
-        state = model.reorder(state, row_sent.to(device))
-    max_len = max_len_all.repeat_interleave(copies).to(device)
-    prefix_t = prefix_all.repeat_interleave(copies, dim=0)
-    scores = torch.zeros(row_sent.numel(), device=device)
-    hist = torch.empty(row_sent.numel(), 0, dtype=torch.long, device=device)
-    prev = torch.full((row_sent.numel(),), bos, dtype=torch.long, device=device)
-    attn_hist: Tensor | None = None
     gen = None
     if not greedy:
-        gen = torch.Generator(device=device)
+        gen = torch.Generator(device=src.device)
         gen.manual_seed(cfg.seed)
-
-    for t in range(total_steps):
-        logits, attn = model.step(prev, state, need_attn)
-        lprobs = cons.apply(_log_probs(logits), t, hist, max_len, prefix_t)
-        if attn is not None:
-            step_attn = attn.unsqueeze(1)
-            attn_hist = step_attn if attn_hist is None else torch.cat([attn_hist, step_attn], dim=1)
-        if greedy:
-            tok = lprobs.argmax(dim=-1)
-        else:
-            # Masks carry over (-inf stays -inf); temperature and filters only shape the draw.
-            draw = _filter_top_k_top_p(lprobs / cfg.temperature, cfg.top_k, cfg.top_p)
-            tok = torch.multinomial(draw.softmax(dim=-1), 1, generator=gen)[:, 0]
+    scores = torch.zeros(run.rows.prev.numel(), device=src.device)  # (R,) summed log-probabilities
+    for t in range(run.total_steps):
+        lprobs = run.log_probs(t)
+        tok = lprobs.argmax(dim=-1) if greedy else _draw(lprobs, cfg, gen)
         scores = scores + lprobs.gather(1, tok[:, None])[:, 0]
         ended = tok == eos
         if bool(ended.any()):
-            lp = float(length_penalty(float(t + 1), cfg.lenpen, cfg.lenpen_style))
             rows = ended.nonzero(as_tuple=True)[0]
-            raw = scores[rows].tolist()
-            toks = hist[rows].tolist()
-            for m, r in enumerate(rows.tolist()):
-                s = int(row_sent[r])
-                attention = None
-                if attn_hist is not None:
-                    attention = _trim_attention(attn_hist[r], int(src_len_all[s]))
-                fin.add(s, SearchHypothesis(tokens=toks[m], score=raw[m] / lp, log_prob=raw[m],
-                                            attention=attention))
+            run.finish(rows, scores[rows].tolist(), t)
             keep = (~ended).nonzero(as_tuple=True)[0]
             if keep.numel() == 0:
                 break
-            state = model.reorder(state, keep)
-            row_sent = row_sent[keep.cpu()]
-            max_len, prefix_t, scores = max_len[keep], prefix_t[keep], scores[keep]
-            tok, hist = tok[keep], hist[keep]
-            if attn_hist is not None:
-                attn_hist = attn_hist[keep]
-        prev = tok
-        hist = torch.cat([hist, tok[:, None]], dim=1)
-    return fin.results()
+            run.reorder(keep)
+            scores, tok = scores[keep], tok[keep]
+        run.rows.extend(tok)
+    return run.fin.results()
 
 
 __all__ = [

@@ -19,7 +19,6 @@ section; any :class:`~aiayn.config.DecodeConfig` field can be overridden per cal
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +28,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig
+from aiayn.checkpoint import io as ckpt_io
+from aiayn.checkpoint.average import average_weights
+from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
+from aiayn.inference.prepare import prepare_for_inference
 from aiayn.inference.search import SearchHypothesis, search
-from aiayn.model import Transformer
-from aiayn.model.quantize import quantize_int8
+from aiayn.model import Transformer, count_parameters
 from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
           "fp16": torch.float16, "float16": torch.float16}
 
-# How bf16 runs: "cast" converts the weights (model.to(bfloat16)); "autocast" keeps fp32
+# How bf16 runs: "cast" converts the weights (of the inference copy); "autocast" keeps fp32
 # weights and lets torch.autocast pick per op. On the 2-core CPU of
 # benchmarks/decode_speed_notes.md, casting the weights was the faster of the two, with the
 # same outputs on the test models; autocast re-casts every weight matrix at every step.
@@ -106,9 +107,11 @@ class Translator:
 
     ``config`` is the checkpoint's :class:`Config` (a bare :class:`DecodeConfig` is accepted
     too, e.g. from the trainer's validation). The model is put in eval mode and moved to
-    ``device`` in place; with ``dtype="bf16"`` its weights are cast to bfloat16 in place
-    (see :data:`BF16_MODE`); with ``dtype="int8"`` its linear layers are quantized in place
-    (:func:`aiayn.model.quantize.quantize_int8`, CPU only); log-probabilities are always
+    ``device`` in place, and nothing else is changed in it: decoding runs an inference copy
+    of it (:func:`aiayn.inference.prepare.prepare_for_inference`), built here from the
+    weights as they are now; ``self.model`` is that copy. With ``dtype="bf16"`` the copy's
+    weights are bfloat16 (see :data:`BF16_MODE`); with ``dtype="int8"`` its linear layers
+    are quantized (:mod:`aiayn.inference.quantize`, CPU only); log-probabilities are always
     computed in float32.
     """
 
@@ -123,17 +126,11 @@ class Translator:
         self.device = resolve_device(device)
         self.dtype = dtype
         half = resolve_dtype(dtype, self.device)
-        model = model.to(self.device).eval()
-        autocast = None
-        if half is not None:
-            if half is torch.bfloat16 and BF16_MODE == "autocast":
-                autocast = half
-            else:
-                model = model.to(half)
-        if dtype == "int8":
-            model = quantize_int8(model)
-        self.model = model
-        self.decoder = IncrementalDecoder(model, autocast=autocast)
+        autocast = half if half is torch.bfloat16 and BF16_MODE == "autocast" else None
+        weights = torch.int8 if dtype == "int8" else (None if autocast is not None else half)
+        prepared = prepare_for_inference(model.to(self.device).eval(), dtype=weights)
+        self.model = prepared.model
+        self.decoder = IncrementalDecoder(prepared, autocast=autocast)
         self.max_src_len: int | None = getattr(model.src_positions, "max_positions", None)
 
     # --------------------------------------------------------------- construction
@@ -145,8 +142,6 @@ class Translator:
         or a ``last``/``best`` pointer). Several paths: their weights are averaged; the
         configuration and tokenizer come from the last one, and all must have the same model
         configuration."""
-        from aiayn.checkpoint import io as ckpt_io
-
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise CheckpointError("no checkpoint given")
@@ -155,7 +150,7 @@ class Translator:
             raise CheckpointError(f"{loaded.path}: the checkpoint has no tokenizer/ directory, so "
                                   "text cannot be encoded; save it with its tokenizer")
         if len(paths) > 1:
-            _load_average(loaded.model, loaded.config, paths, ckpt_io)
+            _load_average(loaded.model, paths)
         log.info("loaded %s (%s)", ", ".join(str(p) for p in paths), loaded.tokenizer)
         return cls(loaded.model, loaded.tokenizer, loaded.config, device=device, dtype=dtype)
 
@@ -163,16 +158,21 @@ class Translator:
 
     def decode_config(self, **overrides: Any) -> DecodeConfig:
         """The checkpoint's decoding options with ``overrides`` (None values are ignored)."""
-        names = {f.name for f in dataclasses.fields(DecodeConfig)}
-        changes = {}
-        for key, value in overrides.items():
-            if key not in names:
-                raise ConfigError(f"decode.{key}: unknown decoding option; choose from {', '.join(sorted(names))}")
-            if value is not None:
-                changes[key] = value
-        cfg = dataclasses.replace(self.config.decode, **changes)
-        cfg.validate()
-        return cfg
+        return self.config.decode.with_overrides(**overrides)
+
+    def source_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Source tokens (EOS included) of each text as encoded, before any truncation."""
+        # num_threads=1: the server calls this on its event loop; short texts need no thread pool.
+        return [len(ids) for ids in self.tokenizer.encode_src_batch(list(texts), num_threads=1)]
+
+    def describe(self) -> dict[str, Any]:
+        """The model's configuration, languages, vocabulary and parameter counts (``GET /v1/model``)."""
+        cfg, tok = self.config, self.tokenizer
+        return {"config": to_dict(cfg),
+                "languages": {"source": cfg.data.src_lang, "target": cfg.data.tgt_lang},
+                "vocabulary": {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size,
+                               "joint": bool(getattr(tok, "joint", False))},
+                "parameters": count_parameters(self.model)}
 
     def translate(self, texts: Sequence[str], **decode_overrides: Any) -> list[str]:
         """The best translation of each text, in input order."""
@@ -203,19 +203,8 @@ class Translator:
             progress(len(texts) - len(todo))
         if not todo:
             return results
-        src_ids = self.tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
-        for n, i in enumerate(todo):
-            ids = src_ids[n]
-            if self.max_src_len is not None and len(ids) > self.max_src_len:
-                log.warning("sentence %d: %d source tokens, truncated to the model's %d positions",
-                            i + 1, len(ids), self.max_src_len)
-                ids = ids[:self.max_src_len - 1] + [EOS_ID]
-            results[i].src_tokens = ids
-        prefix_ids: dict[int, list[int]] = {}
-        if prefixes is not None:
-            for i in todo:
-                if prefixes[i]:
-                    prefix_ids[i] = self.tokenizer.encode_tgt(prefixes[i])
+        self._encode_sources(texts, todo, results)
+        prefix_ids = self._encode_prefixes(prefixes, todo)
         for batch in self._batches(todo, [len(results[i].src_tokens) for i in todo], cfg.batch_tokens):
             src = _pad([results[i].src_tokens for i in batch]).to(self.device)
             prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
@@ -226,6 +215,22 @@ class Translator:
             if progress is not None:
                 progress(len(batch))
         return results
+
+    def _encode_sources(self, texts: Sequence[str], todo: list[int], results: list[TranslationResult]) -> None:
+        """Each text's source ids (EOS included), cut to the model's positions with a warning."""
+        src_ids = self.tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
+        for n, i in enumerate(todo):
+            ids = src_ids[n]
+            if self.max_src_len is not None and len(ids) > self.max_src_len:
+                log.warning("sentence %d: %d source tokens, truncated to the model's %d positions",
+                            i + 1, len(ids), self.max_src_len)
+                ids = ids[:self.max_src_len - 1] + [EOS_ID]
+            results[i].src_tokens = ids
+
+    def _encode_prefixes(self, prefixes: Sequence[str | None] | None, todo: list[int]) -> dict[int, list[int]]:
+        if prefixes is None:
+            return {}
+        return {i: self.tokenizer.encode_tgt(p) for i in todo if (p := prefixes[i])}
 
     # ------------------------------------------------------------------ helpers
 
@@ -271,10 +276,8 @@ def _pad(seqs: list[list[int]]) -> Tensor:
     return out
 
 
-def _load_average(model: Transformer, cfg: Config, paths: Sequence[str | Path], ckpt_io: Any) -> None:
+def _load_average(model: Transformer, paths: Sequence[str | Path]) -> None:
     """Replace ``model``'s weights with the element-wise mean over ``paths``."""
-    from aiayn.checkpoint.average import average_weights
-
     averaged, _, dirs = average_weights(list(paths))
     model.load_state_dict(averaged, strict=True)
     log.info("averaged the weights of %d checkpoints", len(dirs))

@@ -18,7 +18,6 @@ head (the converter's alignment head), returned as (1, 1, T, S).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections import defaultdict
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 
-from aiayn.config import Config, DecodeConfig, load_config
+from aiayn.config import Config, DecodeConfig, load_config, to_dict
 from aiayn.errors import ConfigError
 from aiayn.inference.translator import Hypothesis, TranslationResult
 from aiayn.interop.ctranslate2 import CONFIG_FILE
@@ -41,8 +40,7 @@ REQUIRED = ("model.bin", "source.spm", "target.spm")
 
 
 class _Pieces:
-    """The source/target SentencePiece models, with the parts of aiayn's tokenizer
-    interface the server uses (source lengths, vocabulary sizes)."""
+    """The source/target SentencePiece models and their vocabulary sizes."""
 
     def __init__(self, model_dir: Path) -> None:
         spm = require("sentencepiece")
@@ -55,13 +53,10 @@ class _Pieces:
     def src_pieces(self, text: str) -> list[str]:
         return list(self.src.encode(text, out_type=str)) + [EOS_PIECE]
 
-    def encode_src_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[str]]:
-        # Only lengths are used by the server: pieces stand in for ids.
-        return [self.src_pieces(t) for t in texts]
-
 
 class CTranslate2Translator:
-    """``translate_detailed`` over a CTranslate2 model directory.
+    """``translate_detailed`` over a CTranslate2 model directory: an
+    :class:`~aiayn.inference.protocol.TranslatorProtocol`, as :class:`Translator` is.
 
     ``compute_type``: CTranslate2's (``default`` keeps the saved one; ``int8``,
     ``int8_float32``, ``float32``, ...). ``threads``: intra-op threads (0: CTranslate2's
@@ -88,15 +83,27 @@ class CTranslate2Translator:
         except (RuntimeError, ValueError) as exc:
             raise InteropError(f"{self.model_dir}: CTranslate2 cannot load it: {exc}") from None
         self.device, self.compute_type = device, compute_type
+        self.max_src_len: int | None = self.config.model.max_positions if self.config is not None else None
         self._warned_gnmt = False
 
+    def source_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Source pieces (EOS included) of each text."""
+        return [len(self.tokenizer.src_pieces(t)) for t in texts]
+
+    def describe(self) -> dict[str, Any]:
+        """The export's configuration and languages (when aiayn wrote it) and vocabulary."""
+        info: dict[str, Any] = {}
+        if self.config is not None:
+            info["config"] = to_dict(self.config)
+            info["languages"] = {"source": self.config.data.src_lang, "target": self.config.data.tgt_lang}
+        tok = self.tokenizer
+        info["vocabulary"] = {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size, "joint": tok.joint}
+        return info
+
     def decode_config(self, **overrides: Any) -> DecodeConfig:
-        names = {f.name for f in dataclasses.fields(DecodeConfig)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ConfigError(f"decode.{unknown[0]}: unknown decoding option")
-        cfg = dataclasses.replace(self.decode, **{k: v for k, v in overrides.items() if v is not None})
-        cfg.validate()
+        """The export's decoding options with ``overrides`` (None values are ignored), limited
+        to what CTranslate2 runs."""
+        cfg = self.decode.with_overrides(**overrides)
         if cfg.sampling:
             raise ConfigError("decode.sampling: the CTranslate2 backend serves beam search and greedy only")
         if cfg.nbest > cfg.beam:

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 from aiayn.config import Config, save_config
+from aiayn.fileio import atomic_dir
 from aiayn.interop.hf_marian import (
     BOS,
     InteropError,
     load_for_export,
-    output_dir,
     quiet_marian_tokenizer,
     require,
     save_hf_dir,
@@ -126,7 +126,7 @@ def convert_hf_dir(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, quanti
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise InteropError(f"quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
     hf_dir = Path(hf_dir)
-    with output_dir(out_dir, force) as tmp:
+    with atomic_dir(out_dir, force, error=InteropError) as tmp:
         _converter(hf_dir).convert(str(tmp), quantization=quantization, force=True)
         if config is not None:
             save_config(config, tmp / CONFIG_FILE)

@@ -37,27 +37,26 @@ import logging
 import math
 import os
 import re
-import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import sentencepiece as spm
 import torch
 from torch import Tensor
 
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
+from aiayn.fileio import atomic_dir
 from aiayn.interop import spm_proto
 from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
+from aiayn.model import Transformer, build_model
+from aiayn.text.tokenizer import Tokenizer
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
-
-if TYPE_CHECKING:
-    from aiayn.model import Transformer
-    from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -92,37 +91,6 @@ def quiet_marian_tokenizer() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Recommended: pip install sacremoses")
         yield
-
-
-# ============================================================== output directories
-
-
-@contextmanager
-def output_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
-    """A temporary directory beside ``path`` that becomes ``path`` if the block succeeds.
-
-    An existing non-empty ``path`` is an error unless ``force``; then it is replaced only
-    once the new one is complete (never a half-written export).
-    """
-    path = Path(path)
-    if path.exists() and not path.is_dir():
-        raise InteropError(f"{path}: exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise InteropError(f"{path}: directory exists and is not empty (use --force to replace it)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        yield tmp
-        if path.exists():
-            trash = path.parent / f".{path.name}.old-{os.getpid()}"
-            os.replace(path, trash)
-            os.replace(tmp, path)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ========================================================================== export
@@ -386,7 +354,7 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, force: 
     """``aiayn export hf``: write a directory ``MarianMTModel.from_pretrained`` loads."""
     require("transformers")
     model, cfg, tokenizer = load_for_export(checkpoint)
-    with output_dir(out_dir, force) as tmp:
+    with atomic_dir(out_dir, force, error=InteropError) as tmp:
         save_hf_dir(model, cfg, tokenizer, tmp)
     log.info("exported %s to %s (MarianMTModel, %s sinusoids%s)", checkpoint, out_dir,
              cfg.model.sinusoid_layout,
@@ -533,35 +501,61 @@ def _import_checks(c: Any, hf_dir: Path) -> str:
 
 def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokenizer]:
     """A local MarianMT directory as an aiayn model, config and tokenizer."""
-    import sentencepiece as spm
-
-    from aiayn.model import build_model
-    from aiayn.text.tokenizer import Tokenizer
-
     transformers = require("transformers")
     hf_dir = Path(hf_dir)
     raw_config = check_marian_dir(hf_dir)
-    try:
-        hf_model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise InteropError(f"{hf_dir}: transformers cannot load the model: {exc}") from None
+    hf_model = _load_hf_model(transformers, hf_dir)
     c = hf_model.config
     activation = _import_checks(c, hf_dir)
-    tok_cfg = _read_json(hf_dir / "tokenizer_config.json") if (hf_dir / "tokenizer_config.json").is_file() else {}
-    separate = bool(tok_cfg.get("separate_vocabs", False))
+    tok_cfg = _read_optional_json(hf_dir / "tokenizer_config.json")
     shared = bool(c.share_encoder_decoder_embeddings)
     tie = bool(getattr(c, "tie_word_embeddings", True))
+    src_vocab, tgt_vocab = _marian_vocabs(hf_dir, tok_cfg, shared)
+    sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+    src_map, tgt_map = _vocab_mappings(hf_dir, c, tok_cfg, src_vocab, tgt_vocab, sd, shared)
+    share_mode = "all" if shared and tie else ("decoder" if tie else "none")
+    if shared and not tie:
+        log.warning("%s: shared source/target embeddings with a separate output projection; aiayn "
+                    "keeps two equal embedding copies (they drift apart if fine-tuned)", hf_dir)
+    mcfg = _imported_model_config(c, activation, share_mode, len(src_map), len(tgt_map))
+    model = _imported_model(mcfg, sd, src_map, tgt_map)
+    tokenizer = _imported_tokenizer(hf_dir, src_map, tgt_map, shared)
+    data = DataConfig(src_lang=tok_cfg.get("source_lang") or "src", tgt_lang=tok_cfg.get("target_lang") or "tgt",
+                      vocab_size=len(src_map), joint_vocab=tokenizer.joint, tgt_vocab_size=len(tgt_map))
+    cfg = Config(model=mcfg, data=data, decode=_imported_decode_config(hf_dir, raw_config))
+    cfg.validate()
+    return model, cfg, tokenizer
+
+
+def _load_hf_model(transformers: Any, hf_dir: Path) -> Any:
+    try:
+        return transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise InteropError(f"{hf_dir}: transformers cannot load the model: {exc}") from None
+
+
+def _read_optional_json(path: Path) -> dict[str, Any]:
+    return _read_json(path) if path.is_file() else {}
+
+
+def _marian_vocabs(hf_dir: Path, tok_cfg: dict[str, Any], shared: bool) -> tuple[dict[str, int], dict[str, int]]:
+    """vocab.json, and target_vocab.json where the tokenizer has separate vocabularies."""
+    separate = bool(tok_cfg.get("separate_vocabs", False))
     if shared and separate:
         raise InteropError(f"{hf_dir}: shared embeddings but separate vocabularies (separate_vocabs)")
-    names = {k: _token_name(tok_cfg.get(f"{k}_token"), d) for k, d in (("pad", PAD), ("eos", EOS), ("unk", UNK))}
     src_vocab = {str(k): int(v) for k, v in _read_json(hf_dir / "vocab.json").items()}
-    tgt_vocab = src_vocab
-    if separate:
-        if not (hf_dir / "target_vocab.json").is_file():
-            raise InteropError(f"{hf_dir}: separate_vocabs is set but target_vocab.json is missing")
-        tgt_vocab = {str(k): int(v) for k, v in _read_json(hf_dir / "target_vocab.json").items()}
+    if not separate:
+        return src_vocab, src_vocab
+    if not (hf_dir / "target_vocab.json").is_file():
+        raise InteropError(f"{hf_dir}: separate_vocabs is set but target_vocab.json is missing")
+    return src_vocab, {str(k): int(v) for k, v in _read_json(hf_dir / "target_vocab.json").items()}
 
-    sd = {k: v.detach().float() for k, v in hf_model.state_dict().items()}
+
+def _vocab_mappings(hf_dir: Path, c: Any, tok_cfg: dict[str, Any], src_vocab: dict[str, int],
+                    tgt_vocab: dict[str, int], sd: dict[str, Tensor], shared: bool
+                    ) -> tuple[VocabMapping, VocabMapping]:
+    """Source and target id mappings (one shared mapping when the embeddings are shared)."""
+    names = {k: _token_name(tok_cfg.get(f"{k}_token"), d) for k, d in (("pad", PAD), ("eos", EOS), ("unk", UNK))}
     n_src = sd["model.encoder.embed_tokens.weight"].shape[0]
     n_tgt = sd["model.decoder.embed_tokens.weight"].shape[0]
     start = c.decoder_start_token_id if c.decoder_start_token_id is not None else c.pad_token_id
@@ -569,18 +563,17 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
     tgt_map = vocab_mapping(tgt_vocab, n_tgt, unk=_id(tgt_vocab, names["unk"], hf_dir), eos=eos,
                             start=start, pad=c.pad_token_id)
     if shared:
-        src_map = tgt_map
-    else:
-        src_map = vocab_mapping(src_vocab, n_src, unk=_id(src_vocab, names["unk"], hf_dir),
-                                eos=_id(src_vocab, names["eos"], hf_dir), start=None,
-                                pad=src_vocab.get(names["pad"]))
+        return tgt_map, tgt_map
+    src_map = vocab_mapping(src_vocab, n_src, unk=_id(src_vocab, names["unk"], hf_dir),
+                            eos=_id(src_vocab, names["eos"], hf_dir), start=None,
+                            pad=src_vocab.get(names["pad"]))
+    return src_map, tgt_map
 
-    share_mode = "all" if shared and tie else ("decoder" if tie else "none")
-    if shared and not tie:
-        log.warning("%s: shared source/target embeddings with a separate output projection; aiayn "
-                    "keeps two equal embedding copies (they drift apart if fine-tuned)", hf_dir)
-    mcfg = ModelConfig(
-        src_vocab_size=len(src_map), tgt_vocab_size=len(tgt_map), d_model=c.d_model,
+
+def _imported_model_config(c: Any, activation: str, share_mode: str, src_vocab_size: int,
+                           tgt_vocab_size: int) -> ModelConfig:
+    return ModelConfig(
+        src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=c.d_model,
         n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim,
         n_encoder_layers=c.encoder_layers, n_decoder_layers=c.decoder_layers,
         dropout=float(c.dropout), attention_dropout=float(c.attention_dropout),
@@ -589,20 +582,29 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
         max_positions=c.max_position_embeddings, pad_id=PAD_ID, layer_norm_eps=HF_LAYER_NORM_EPS,
         output_bias=True,
     )
+
+
+def _imported_model(mcfg: ModelConfig, sd: dict[str, Tensor], src_map: VocabMapping,
+                    tgt_map: VocabMapping) -> Transformer:
+    """An aiayn model with Marian's weights, the vocabulary rows in aiayn's id order."""
     model = build_model(mcfg).eval()
     weights: dict[str, Tensor] = {}
     for hf_name, ai_name, _ in tensor_map(mcfg):
         weights[ai_name] = sd[hf_name]
     weights["src_embed.weight"] = _gather_rows(sd["model.encoder.embed_tokens.weight"], src_map)
     weights["tgt_embed.weight"] = _gather_rows(sd["model.decoder.embed_tokens.weight"], tgt_map)
-    if share_mode == "none":
+    if mcfg.share_embeddings == "none":
         weights["output_projection.weight"] = _gather_rows(sd["lm_head.weight"], tgt_map)
     weights["output_bias"] = _gather_rows(sd["final_logits_bias"].reshape(-1), tgt_map, fill=PAD_LOGIT_BIAS)
     state = model.state_dict()
     with torch.no_grad():
         for name, t in state.items():
             t.copy_(weights[name])
+    return model
 
+
+def _imported_tokenizer(hf_dir: Path, src_map: VocabMapping, tgt_map: VocabMapping, shared: bool) -> Tokenizer:
+    """Marian's SentencePiece models, their pieces renumbered to aiayn's ids."""
     src_bytes = (hf_dir / "source.spm").read_bytes()
     tgt_bytes = (hf_dir / "target.spm").read_bytes()
     try:
@@ -610,36 +612,31 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
         tgt_proto = rebuild_spm(tgt_bytes, tgt_map, "target")
     except spm_proto.ProtoError as exc:
         raise InteropError(f"{hf_dir}: source.spm/target.spm are not SentencePiece models: {exc}") from None
-
-    def processor(proto: bytes) -> spm.SentencePieceProcessor:
-        sp = spm.SentencePieceProcessor()
-        sp.LoadFromSerializedProto(proto)
-        return sp
-
     if shared and src_bytes == tgt_bytes:
-        tokenizer = Tokenizer(processor(src_proto), src_proto=src_proto)
-    else:
-        tokenizer = Tokenizer(processor(src_proto), processor(tgt_proto), src_proto=src_proto,
-                              tgt_proto=tgt_proto)
+        return Tokenizer(_processor(src_proto), src_proto=src_proto)
+    return Tokenizer(_processor(src_proto), _processor(tgt_proto), src_proto=src_proto, tgt_proto=tgt_proto)
 
-    # Decoding settings: generation_config.json, else (older exports) config.json, else HF's defaults.
-    gen = _read_json(hf_dir / "generation_config.json") if (hf_dir / "generation_config.json").is_file() else {}
+
+def _processor(proto: bytes) -> spm.SentencePieceProcessor:
+    sp = spm.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(proto)
+    return sp
+
+
+def _imported_decode_config(hf_dir: Path, raw_config: dict[str, Any]) -> DecodeConfig:
+    """Decoding settings: generation_config.json, else (older exports) config.json, else HF's defaults."""
+    gen = _read_optional_json(hf_dir / "generation_config.json")
 
     def setting(name: str, default: Any) -> Any:
         value = gen.get(name, raw_config.get(name))
         return default if value is None else value
 
-    decode = DecodeConfig(
+    return DecodeConfig(
         beam=int(setting("num_beams", 1)),
         lenpen=float(setting("length_penalty", 1.0)),
         lenpen_style="fairseq",
         no_repeat_ngram_size=int(setting("no_repeat_ngram_size", 0)),
     )
-    data = DataConfig(src_lang=tok_cfg.get("source_lang") or "src", tgt_lang=tok_cfg.get("target_lang") or "tgt",
-                      vocab_size=len(src_map), joint_vocab=tokenizer.joint, tgt_vocab_size=len(tgt_map))
-    cfg = Config(model=mcfg, data=data, decode=decode)
-    cfg.validate()
-    return model, cfg, tokenizer
 
 
 def _token_name(value: Any, default: str) -> str:

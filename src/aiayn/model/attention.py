@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.model.derived import derived
 from aiayn.model.dropout import dropout
-from aiayn.model.quantize import Int8Linear
 
 
 def scaled_dot_product_attention(
@@ -68,8 +64,6 @@ class MultiHeadAttention(nn.Module):
         self.w_v = nn.Linear(d_model, inner)
         self.w_o = nn.Linear(inner, d_model)
         self.dropout = dropout
-        # W_Q, W_K, W_V side by side in int8, set by aiayn.model.quantize.quantize_int8
-        self.qkv_int8: Int8Linear | None = None
         for lin in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
@@ -84,24 +78,8 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values of x (B, T, D) -> 3 x (B, H, T, d_k).
-
-        Without autograd (decoding) this is one matmul with W_Q, W_K, W_V side by side: a
-        step's three small matmuls cost more than one three times as wide on a CPU.
-        """
-        if torch.is_grad_enabled():
-            return self.split_heads(self.w_q(x)), *self.project_kv(x)
-        q, k, v = self._fused_qkv()(x).chunk(3, dim=-1)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
-
-    def _fused_qkv(self) -> Callable[[Tensor], Tensor]:
-        if self.qkv_int8 is not None:
-            return self.qkv_int8
-        lins = (self.w_q, self.w_k, self.w_v)
-        weight, bias = derived(self, "_qkv", tuple(t for lin in lins for t in (lin.weight, lin.bias)),
-                               lambda: (torch.cat([lin.weight for lin in lins]),
-                                        torch.cat([lin.bias for lin in lins])))
-        return functools.partial(F.linear, weight=weight, bias=bias)
+        """Queries, keys and values of x (B, T, D) -> 3 x (B, H, T, d_k)."""
+        return self.split_heads(self.w_q(x)), *self.project_kv(x)
 
     def attend(
         self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,

@@ -12,10 +12,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.model.cache import KVCache
-from aiayn.model.derived import derived
 from aiayn.model.embeddings import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
-from aiayn.model.quantize import Int8Linear
 
 
 class Transformer(nn.Module):
@@ -49,8 +47,6 @@ class Transformer(nn.Module):
         else:
             self.register_parameter("output_bias", None)
         self.pad_id = src_embed.pad_id
-        # int8 copy of the pre-softmax projection, set by aiayn.model.quantize.quantize_int8
-        self.output_int8: Int8Linear | None = None
 
     # ------------------------------------------------------------------ pieces
 
@@ -65,20 +61,7 @@ class Transformer(nn.Module):
 
     def project(self, h: Tensor) -> Tensor:
         """Decoder states (..., D) -> logits (..., V)."""
-        if self.output_int8 is not None:
-            return self.output_int8(h)  # int8 weight, output bias included
         return F.linear(h, self.output_weight, self.output_bias)
-
-    def project_step(self, h: Tensor) -> Tensor:
-        """:meth:`project` for one decoding step's states (R, D) -> (R, V). Without autograd,
-        a matmul with the weight transposed once to (D, V): on a CPU, ``F.linear`` with the
-        (V, D) weight measured about 1.3x slower for the base model's 32k vocabulary."""
-        if torch.is_grad_enabled() or self.output_int8 is not None:
-            return self.project(h)
-        w = self.output_weight
-        w_t = derived(self, "_output_weight_t", (w,), lambda: w.t().contiguous())
-        out = torch.mm(h, w_t)
-        return out if self.output_bias is None else out.add_(self.output_bias)
 
     # --------------------------------------------------------------- full pass
 
@@ -122,10 +105,12 @@ class Transformer(nn.Module):
         cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
         return KVCache.allocate(cross, src_mask, max_len)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache,
-                    need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def decode_step(self, tokens: Tensor, cache: KVCache, need_attn: bool = False,
+                    project: bool = True) -> tuple[Tensor, Tensor | None]:
         """The next position for each row. tokens (B,) are the previous outputs
         (BOS at the first step) -> logits (B, V); with ``need_attn`` also (B, L, H, S).
+        With ``project=False``, the final decoder states (B, D) instead of logits (for a
+        caller with its own vocabulary projection).
         """
         y = self.tgt_embed(tokens[:, None])  # (B, 1, D)
         y = self.tgt_positions(y, start=cache.length)
@@ -136,5 +121,5 @@ class Transformer(nn.Module):
         cache.advance()
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
-        logits = self.project_step(y[:, 0])
-        return logits, (torch.stack(attn, dim=1)[:, :, :, 0] if need_attn else None)
+        out = self.project(y[:, 0]) if project else y[:, 0]
+        return out, (torch.stack(attn, dim=1)[:, :, :, 0] if need_attn else None)

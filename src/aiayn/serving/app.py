@@ -1,4 +1,6 @@
-"""The HTTP translation service: FastAPI app around one :class:`Translator`.
+"""The HTTP translation service: FastAPI app around one translator (anything that is a
+:class:`~aiayn.inference.protocol.TranslatorProtocol`: a PyTorch checkpoint or a
+CTranslate2 export).
 
 Endpoints: ``POST /v1/translate``, ``GET /v1/model``, ``GET /health``, ``GET /metrics``
 (Prometheus text), ``GET /`` (the attention page, from ``static/``) and FastAPI's
@@ -30,7 +32,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,11 +43,12 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from aiayn.config import to_dict
 from aiayn.errors import AiaynError
+from aiayn.inference.protocol import TranslatorProtocol
+from aiayn.inference.translator import Hypothesis, TranslationResult
 from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
 from aiayn.serving.metrics import ServerMetrics
-from aiayn.serving.schemas import ErrorBody, TranslateRequest, TranslateResponse
+from aiayn.serving.schemas import ErrorBody, RequestBase, TranslateRequest, TranslateResponse
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,8 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 # scanners probing random URLs cannot blow up the number of time series.
 _KNOWN_PATHS = ("/", "/health", "/metrics", "/v1/model", "/v1/translate", "/docs", "/openapi.json")
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -102,7 +105,7 @@ def _jsonable_details(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _where(loc: tuple | list) -> str:
+def _where(loc: Sequence[Any]) -> str:
     parts = [str(x) for x in loc if x != "body"]
     text = ""
     for p in parts:
@@ -136,7 +139,7 @@ def _labels(pieces: list[str] | None, n: int, tail: str) -> list[str]:
     return pieces + [tail] * (n - len(pieces))
 
 
-def _shape(nested: list) -> tuple[int, ...]:
+def _shape(nested: Any) -> tuple[int, ...]:
     shape = []
     while isinstance(nested, list):
         shape.append(len(nested))
@@ -144,14 +147,8 @@ def _shape(nested: list) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _hyp_tokens(hyp: Any) -> int:
-    tokens = getattr(hyp, "tokens", None)
-    return len(tokens) if tokens is not None else 0
-
-
-def _best_target_tokens(result: Any) -> int:
-    hyps = getattr(result, "hypotheses", None) or []
-    return _hyp_tokens(hyps[0]) if hyps else 0
+def _best_target_tokens(result: TranslationResult) -> int:
+    return len(result.hypotheses[0].tokens) if result.hypotheses else 0
 
 
 # ---------------------------------------------------------------------- middleware
@@ -249,37 +246,65 @@ def error_response(err: APIError, metrics: ServerMetrics | None = None) -> JSONR
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
+def validation_error(request: Request, exc: RequestValidationError) -> APIError:
+    """The API's error for a body FastAPI could not validate against :data:`TranslateRequest`."""
+    errors = list(exc.errors())
+    types = {str(e.get("type")) for e in errors}
+    ctype = request.headers.get("content-type", "")
+    if ctype and "json" not in ctype.lower():
+        # FastAPI does not parse a non-JSON body, so its errors would only confuse.
+        return APIError(415, "unsupported_media", f"expected Content-Type application/json, got {ctype}")
+    if "json_invalid" in types:
+        e = next(e for e in errors if e.get("type") == "json_invalid")
+        ctx = e.get("ctx") or {}
+        return APIError(400, "malformed_json", f"request body is not valid JSON: {ctx.get('error', e.get('msg'))}")
+    if "extra_forbidden" in types:
+        names = [_where(e["loc"]) for e in errors if e.get("type") == "extra_forbidden"]
+        known = ", ".join(TranslateRequest.model_fields)
+        return APIError(422, "unknown_field", f"unknown field(s): {', '.join(names)}; known fields: {known}",
+                        _jsonable_details(errors))
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return APIError(422, "invalid_request", f"{_where(first.get('loc', ()))}: {first.get('msg')}{more}",
+                    _jsonable_details(errors))
+
+
 # ---------------------------------------------------------------------- the app
 
 
 class TranslationService:
     """The model side of the app: limits, batching, turning results into JSON."""
 
-    def __init__(self, translator: Any, settings: ServeSettings, metrics: ServerMetrics) -> None:
+    def __init__(self, translator: TranslatorProtocol, settings: ServeSettings, metrics: ServerMetrics) -> None:
         self.translator = translator
         self.settings = settings
         self.metrics = metrics
-        self.tokenizer = getattr(translator, "tokenizer", None)
-        self.config = getattr(translator, "config", None)
-        model_cfg = getattr(self.config, "model", None)
-        self.max_positions: int | None = getattr(model_cfg, "max_positions", None)
+        self.max_positions = translator.max_src_len
         self.batcher = DynamicBatcher(
             self._translate, metrics=metrics, max_batch_tokens=settings.max_batch_tokens,
             max_batch_sentences=settings.max_batch_sentences, window_ms=settings.batch_window_ms,
             queue_size=settings.queue_size, enabled=settings.batching, target_tokens=_best_target_tokens)
         self.closing = False
 
-    def _translate(self, texts: list[str], nbest: int, attention: bool, overrides: dict[str, Any]) -> list[Any]:
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Run the batcher's worker while the app serves."""
+        s = self.settings
+        self.batcher.start()
+        log.info("serving: batching %s (window %.1f ms, %d tokens, queue %d)",
+                 "on" if s.batching else "off", s.batch_window_ms, s.max_batch_tokens, s.queue_size)
+        yield
+        # uvicorn calls this after in-flight requests have finished (graceful shutdown);
+        # close() still drains whatever is queued before the worker stops.
+        self.closing = True
+        await asyncio.to_thread(self.batcher.close)
+
+    def _translate(self, texts: list[str], nbest: int, attention: bool,
+                   overrides: dict[str, Any]) -> list[TranslationResult]:
         # Runs on the batcher's worker thread: the only thread that touches the model.
         return self.translator.translate_detailed(texts, nbest=nbest, attention=attention, **overrides)
 
-    def source_lengths(self, texts: list[str]) -> list[int]:
-        if self.tokenizer is not None and hasattr(self.tokenizer, "encode_src_batch"):
-            # num_threads=1: this runs on the event loop; short texts need no thread pool.
-            return [len(ids) for ids in self.tokenizer.encode_src_batch(texts, num_threads=1)]
-        return [len(t.split()) + 1 for t in texts]
-
-    def check_limits(self, req: TranslateRequest) -> list[int]:
+    def check_limits(self, req: RequestBase) -> list[int]:
         s = self.settings
         if len(req.texts) > s.max_texts:
             raise APIError(422, "too_many_texts",
@@ -288,18 +313,20 @@ class TranslationService:
             if len(text) > s.max_chars:
                 raise APIError(422, "text_too_long",
                                f"texts[{i}]: {len(text)} characters; the limit is {s.max_chars}")
-        lengths = self.source_lengths(req.texts)
+        lengths = self.translator.source_lengths(req.texts)
         if self.max_positions is not None:
             for i, n in enumerate(lengths):
                 if n > self.max_positions:
                     raise APIError(422, "text_too_long",
                                    f"texts[{i}]: {n} source tokens; the model has {self.max_positions} positions")
-        beam = req.beam if req.beam is not None else getattr(getattr(self.config, "decode", None), "beam", None)
+        beam = req.decode_overrides().get("beam")
+        if beam is None and self.translator.config is not None:
+            beam = self.translator.config.decode.beam
         if beam is not None and req.nbest > beam:
             raise APIError(422, "invalid_request", f"nbest: {req.nbest} is more than beam={beam}")
         return lengths
 
-    async def translate(self, req: TranslateRequest) -> dict[str, Any]:
+    async def translate(self, req: RequestBase) -> dict[str, Any]:
         if self.closing:
             raise APIError(503, "shutting_down", "the server is shutting down")
         lengths = self.check_limits(req)
@@ -327,12 +354,12 @@ class TranslationService:
             return await asyncio.to_thread(self.render, results, req)
         return self.render(results, req)
 
-    def render(self, results: list[Any], req: TranslateRequest) -> dict[str, Any]:
+    def render(self, results: list[TranslationResult], req: RequestBase) -> dict[str, Any]:
         translations, scores = [], []
         nbest: list[list[dict[str, Any]]] = []
         attention: list[dict[str, Any]] = []
         for result in results:
-            hyps = list(getattr(result, "hypotheses", None) or [])
+            hyps = list(result.hypotheses)
             best = hyps[0] if hyps else None
             translations.append(best.text if best is not None else "")
             scores.append(float(best.score) if best is not None else float("-inf"))
@@ -348,10 +375,10 @@ class TranslationService:
         return body
 
     @staticmethod
-    def _attention(hyp: Any) -> dict[str, Any]:
-        raw = getattr(hyp, "attention", None) if hyp is not None else None
-        src = list(getattr(hyp, "src_pieces", None) or [])
-        tgt = list(getattr(hyp, "tgt_pieces", None) or [])
+    def _attention(hyp: Hypothesis | None) -> dict[str, Any]:
+        raw = hyp.attention if hyp is not None else None
+        src = list(hyp.src_pieces) if hyp is not None else []
+        tgt = list(hyp.tgt_pieces) if hyp is not None else []
         if raw is None:
             return {"src_tokens": src, "tgt_tokens": tgt, "layers": 0, "heads": 0, "weights": []}
         weights = _to_nested(raw)
@@ -363,92 +390,52 @@ class TranslationService:
                 "layers": n_layers, "heads": n_heads, "weights": weights}
 
     def model_info(self) -> dict[str, Any]:
-        cfg = self.config
-        info: dict[str, Any] = {}
-        if cfg is not None:
-            info["config"] = to_dict(cfg)
-            info["languages"] = {"source": cfg.data.src_lang, "target": cfg.data.tgt_lang}
-        tok = self.tokenizer
-        if tok is not None:
-            info["vocabulary"] = {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size,
-                                  "joint": bool(getattr(tok, "joint", False))}
-        elif cfg is not None:
-            info["vocabulary"] = {"source": cfg.model.src_vocab_size, "target": cfg.model.tgt_vocab_size,
-                                  "joint": cfg.model.share_embeddings == "all"}
-        model = getattr(self.translator, "model", None)
-        if model is not None:
-            from aiayn.model import count_parameters
-
-            info["parameters"] = count_parameters(model)
         s = self.settings
-        info["checkpoint"] = s.checkpoint
-        info["device"], info["dtype"] = s.device, s.dtype
-        info["limits"] = {"max_texts": s.max_texts, "max_chars": s.max_chars, "max_body_bytes": s.max_body_bytes,
-                          "max_positions": self.max_positions}
-        info["batching"] = {"enabled": s.batching, "window_ms": s.batch_window_ms,
-                            "max_batch_tokens": s.max_batch_tokens, "max_batch_sentences": s.max_batch_sentences,
-                            "queue_size": s.queue_size}
-        return info
+        return {
+            **self.translator.describe(),
+            "checkpoint": s.checkpoint, "device": s.device, "dtype": s.dtype,
+            "limits": {"max_texts": s.max_texts, "max_chars": s.max_chars, "max_body_bytes": s.max_body_bytes,
+                       "max_positions": self.max_positions},
+            "batching": {"enabled": s.batching, "window_ms": s.batch_window_ms,
+                         "max_batch_tokens": s.max_batch_tokens, "max_batch_sentences": s.max_batch_sentences,
+                         "queue_size": s.queue_size},
+        }
 
 
-def create_app(translator: Any, settings: ServeSettings | None = None) -> FastAPI:
-    """The FastAPI app serving ``translator`` (anything with ``translate_detailed``)."""
+def create_app(translator: TranslatorProtocol, settings: ServeSettings | None = None) -> FastAPI:
+    """The FastAPI app serving ``translator``."""
     settings = settings or ServeSettings()
     metrics = ServerMetrics()
     service = TranslationService(translator, settings, metrics)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        service.batcher.start()
-        log.info("serving: batching %s (window %.1f ms, %d tokens, queue %d)",
-                 "on" if settings.batching else "off", settings.batch_window_ms,
-                 settings.max_batch_tokens, settings.queue_size)
-        yield
-        # uvicorn calls this after in-flight requests have finished (graceful shutdown);
-        # close() still drains whatever is queued before the worker stops.
-        service.closing = True
-        await asyncio.to_thread(service.batcher.close)
-
     app = FastAPI(
         title="aiayn translation service",
         description="The Transformer of 'Attention Is All You Need': translation with n-best and "
                     "cross-attention. Errors are JSON `{error, message}`.",
-        version=_version(), lifespan=lifespan,
+        version=_version(), lifespan=service.lifespan,
         responses={422: {"model": ErrorBody, "description": "invalid request"},
                    400: {"model": ErrorBody, "description": "malformed JSON"}},
     )
     app.state.service = service
     app.state.metrics = metrics
     app.state.settings = settings
+    add_exception_handlers(app, metrics)
+    add_routes(app, service, metrics)
+    # Outermost first in the request's path: metrics see everything, including 413s.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app
 
-    # ------------------------------------------------------------ error handlers
+
+def add_exception_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    """Every error, expected or not, answered as JSON ``{error, message}`` and counted."""
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
         return error_response(exc, metrics)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        types = {str(e.get("type")) for e in errors}
-        ctype = request.headers.get("content-type", "")
-        if ctype and "json" not in ctype.lower():
-            # FastAPI does not parse a non-JSON body, so its errors would only confuse.
-            err = APIError(415, "unsupported_media", f"expected Content-Type application/json, got {ctype}")
-        elif "json_invalid" in types:
-            e = next(e for e in errors if e.get("type") == "json_invalid")
-            ctx = e.get("ctx") or {}
-            err = APIError(400, "malformed_json", f"request body is not valid JSON: {ctx.get('error', e.get('msg'))}")
-        elif "extra_forbidden" in types:
-            names = [_where(e["loc"]) for e in errors if e.get("type") == "extra_forbidden"]
-            known = ", ".join(TranslateRequest.model_fields)
-            err = APIError(422, "unknown_field", f"unknown field(s): {', '.join(names)}; known fields: {known}",
-                           _jsonable_details(errors))
-        else:
-            first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            err = APIError(422, "invalid_request", f"{_where(first.get('loc', ()))}: {first.get('msg')}{more}",
-                           _jsonable_details(errors))
-        return error_response(err, metrics)
+        return error_response(validation_error(request, exc), metrics)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -463,10 +450,13 @@ def create_app(translator: Any, settings: ServeSettings | None = None) -> FastAP
         return error_response(APIError(500, "internal_error", "internal server error (see the server log)"),
                               metrics)
 
-    # ------------------------------------------------------------ routes
+
+def add_routes(app: FastAPI, service: TranslationService, metrics: ServerMetrics) -> None:
+    """The endpoints, the attention page and its static files."""
+
     @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               summary="Translate texts", tags=["translation"])
-    async def translate(req: TranslateRequest) -> dict[str, Any]:
+    async def translate(req: TranslateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         return await service.translate(req)
 
     @app.get("/v1/model", summary="Model configuration, languages, vocabulary, parameters", tags=["model"])
@@ -488,11 +478,6 @@ def create_app(translator: Any, settings: ServeSettings | None = None) -> FastAP
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-
-    # Outermost first in the request's path: metrics see everything, including 413s.
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
-    return app
 
 
 def _version() -> str:

@@ -9,32 +9,60 @@ text) are checked in :mod:`aiayn.serving.app`, not here.
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from aiayn.config import DecodeConfig, decode_options
+
+# The DecodeConfig fields a request may set: those with an HttpField.
+HTTP_OPTIONS = [(f, opt) for f, opt in decode_options() if opt.http is not None]
+# Per-call arguments (nbest) travel beside the overrides, not among them.
+HTTP_OVERRIDES = tuple(f.name for f, opt in HTTP_OPTIONS if not opt.argument)
 
 
-class TranslateRequest(BaseModel):
-    """``POST /v1/translate``. Decoding fields left out take the checkpoint's defaults."""
+class RequestBase(BaseModel):
+    """What every ``POST /v1/translate`` body has; :data:`TranslateRequest` adds the
+    decoding fields generated from :class:`~aiayn.config.DecodeConfig`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "examples": [{"texts": ["a small example sentence"], "beam": 4, "nbest": 1, "attention": False}],
     })
 
-    texts: list[str] = Field(..., min_length=1, description="sentences to translate, in order")
-    beam: int | None = Field(None, ge=1, le=64, description="beam size (1 = greedy)")
-    nbest: int = Field(1, ge=1, le=64, description="hypotheses returned per sentence (<= beam)")
-    attention: bool = Field(False, description="return per-layer, per-head cross-attention of the best hypothesis")
-    lenpen: float | None = Field(None, ge=0.0, le=10.0, description="length-penalty alpha (0.6 in the paper)")
-    max_len_a: float | None = Field(None, ge=0.0, le=10.0, description="max output length = a * source length + b")
-    max_len_b: int | None = Field(None, ge=0, le=1024)
-    min_len: int | None = Field(None, ge=0, le=1024)
-    no_repeat_ngram_size: int | None = Field(None, ge=0, le=16)
+    if typing.TYPE_CHECKING:  # declared for type checkers; the fields come in their published order below
+        texts: list[str]
+        nbest: int
+        attention: bool
 
     def decode_overrides(self) -> dict[str, Any]:
         """The DecodeConfig fields this request sets (None = checkpoint default)."""
-        names = ("beam", "lenpen", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+        return {n: getattr(self, n) for n in HTTP_OVERRIDES if getattr(self, n) is not None}
+
+
+def _request_fields() -> dict[str, Any]:
+    """(annotation, Field) per request field, in the published order."""
+    hints = typing.get_type_hints(DecodeConfig)
+    # The request-only fields, at their positions among the HttpField ones (see HttpField).
+    placed: list[tuple[int, str, Any]] = [
+        (0, "texts", (list[str], Field(..., min_length=1, description="sentences to translate, in order"))),
+        (3, "attention", (bool, Field(False, description="return per-layer, per-head cross-attention of the "
+                                                         "best hypothesis"))),
+    ]
+    for f, opt in HTTP_OPTIONS:
+        http = opt.http
+        assert http is not None
+        # A left-out override is None (the checkpoint's value); an argument has its own default.
+        annotation, default = (hints[f.name], f.default) if opt.argument else (hints[f.name] | None, None)
+        placed.append((http.position, f.name,
+                       (annotation, Field(default, ge=http.ge, le=http.le, description=http.description))))
+    return {name: spec for _, name, spec in sorted(placed, key=lambda item: item[0])}
+
+
+TranslateRequest = create_model(
+    "TranslateRequest", __base__=RequestBase, __module__=__name__,
+    __doc__="``POST /v1/translate``. Decoding fields left out take the checkpoint's defaults.",
+    **_request_fields())
 
 
 class Candidate(BaseModel):

@@ -34,6 +34,7 @@ from typing import Any
 import sentencepiece as spm
 
 from aiayn.errors import DataError
+from aiayn.fileio import write_atomic
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class Tokenizer:
         paths = []
         for name, data in zip(self.model_files, self.model_bytes()):
             path = directory / name
-            atomic_write_bytes(path, data)
+            write_atomic(path, data)
             paths.append(path)
         return paths
 
@@ -280,20 +281,6 @@ def _chain(*texts: Texts) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and rename: never a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _read_model(path: Path) -> bytes:

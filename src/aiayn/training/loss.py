@@ -92,6 +92,31 @@ def projected_label_smoothed_loss(
         return _ProjectedLoss.apply(flat_h, weight, bias, flat_t, epsilon, ignore_index, chunk_rows, dtype)
 
 
+def _chunk_gradients(lp: Tensor, z: Tensor, w: Tensor, w32: Tensor, w_colsum: Tensor, hc: Tensor, tc: Tensor,
+                     keep: Tensor, coefs: tuple[float, float, float],
+                     grads: tuple[Tensor, Tensor, Tensor | None, Tensor]) -> None:
+    """Add one chunk's part of the gradients, in place: grad_h's rows of the chunk, grad_w,
+    grad_b and the sum of the kept states (for grad_w's constant part)."""
+    a, c, eps_i = coefs
+    grad_h_rows, grad_w, grad_b, h_sum = grads
+    # The dense part of the gradient is c * softmax; the constant -eps_i and the
+    # one-hot -a are rank-1 / sparse and are added below without touching (c, V).
+    p = torch.exp(lp, out=torch.empty_like(z))  # softmax, in the matmul dtype
+    kf = keep[:, None].to(torch.float32)
+    gh = torch.mm(p, w).float().mul_(c)  # (c, D)
+    if eps_i > 0:
+        gh -= eps_i * w_colsum
+    gh -= a * w32[tc]
+    grad_h_rows.copy_(gh * kf)
+    hk32 = hc.float() * kf  # padding rows contribute nothing
+    grad_w += torch.mm(p.t(), (hk32 * c).to(hc.dtype))
+    h_sum += hk32.sum(0)
+    grad_w.index_add_(0, tc, hk32, alpha=-a)
+    if grad_b is not None:
+        grad_b += c * (p.float() * kf).sum(0) - eps_i * kf.sum()
+        grad_b.index_add_(0, tc, kf[:, 0], alpha=-a)
+
+
 class _ProjectedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, epsilon: float,
@@ -129,24 +154,9 @@ class _ProjectedLoss(torch.autograd.Function):
                 loss_c = nll_c
             loss += torch.where(keep, loss_c, 0.0).sum()
             nll += torch.where(keep, nll_c, 0.0).sum()
-            if not need_grad:
-                continue
-            # The dense part of the gradient is c * softmax; the constant -eps_i and the
-            # one-hot -a are rank-1 / sparse and are added below without touching (c, V).
-            p = torch.exp(lp, out=torch.empty_like(z))  # softmax, in the matmul dtype
-            kf = keep[:, None].to(torch.float32)
-            gh = torch.mm(p, w).float().mul_(c)  # (c, D)
-            if eps_i > 0:
-                gh -= eps_i * w_colsum
-            gh -= a * w32[tc]
-            grad_h[rows] = gh * kf
-            hk32 = hc.float() * kf  # padding rows contribute nothing
-            grad_w += torch.mm(p.t(), (hk32 * c).to(hc.dtype))
-            h_sum += hk32.sum(0)
-            grad_w.index_add_(0, tc, hk32, alpha=-a)
-            if grad_b is not None:
-                grad_b += c * (p.float() * kf).sum(0) - eps_i * kf.sum()
-                grad_b.index_add_(0, tc, kf[:, 0], alpha=-a)
+            if need_grad:
+                _chunk_gradients(lp, z, w, w32, w_colsum, hc, tc, keep, (a, c, eps_i),
+                                 (grad_h[rows], grad_w, grad_b, h_sum))
         ctx.mark_non_differentiable(nll)
         if need_grad:
             if eps_i > 0:
@@ -156,7 +166,7 @@ class _ProjectedLoss(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
         saved = ctx.saved_tensors
         grad_h = (saved[0] * grad_loss).to(ctx.h_dtype)
         grad_w = (saved[1] * grad_loss).to(ctx.w_dtype)

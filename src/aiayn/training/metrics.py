@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 from aiayn.errors import ConfigError
+from aiayn.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class MetricsLog:
             except ImportError:
                 raise ConfigError("train.tensorboard: the tensorboard package is not installed "
                                   "(pip install tensorboard), or set train.tensorboard=false") from None
-            self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            self._tb = SummaryWriter(log_dir=str(Path(str(run_dir)) / "tensorboard"))
 
     def truncate_after(self, step: int) -> None:
         """Drop records beyond ``step``: they came from a run that was killed after its last
@@ -61,9 +61,7 @@ class MetricsLog:
             else:
                 dropped += 1
         if dropped:
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, self.path)
+            write_atomic(self.path, "".join(line + "\n" for line in kept), durable=False)
             log.info("metrics.jsonl: dropped %d record(s) after step %d (resumed run)", dropped, step)
 
     def write(self, record: dict[str, Any]) -> None:

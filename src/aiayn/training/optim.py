@@ -8,6 +8,7 @@ update from :mod:`aiayn.training.schedule`, so the rate given here is only a pla
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,8 +38,9 @@ def build_optimizer(model: nn.Module, train: TrainConfig,
     device = torch.device(device)
     params = [p for p in model.parameters() if p.requires_grad]
     impl = getattr(train, "optimizer_impl", "auto")
-    kwargs = dict(lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps,
-                  weight_decay=train.weight_decay, **_implementation(impl, device))
+    beta1, beta2 = train.adam_betas
+    kwargs: dict[str, Any] = dict(lr=train.lr, betas=(beta1, beta2), eps=train.adam_eps,
+                                  weight_decay=train.weight_decay, **_implementation(impl, device))
     cls = torch.optim.AdamW if train.optimizer == "adamw" else torch.optim.Adam
     try:
         return cls(params, **kwargs)

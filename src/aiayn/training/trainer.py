@@ -14,90 +14,63 @@ step 2N with the same weights, bit for bit, as a run that never stopped, provide
 same torch build, thread count (``AIAYN_NUM_THREADS`` / ``OMP_NUM_THREADS``) and data and
 batching settings (``max_tokens``, ``update_freq``, ``seed``, number of processes) are used.
 Changing those on resume is allowed; training then continues, just not bit-identically.
+
+The trainer is handed its pieces (model, optimizer, batches, a validation BLEU scorer,
+stopping rules) and knows nothing of how they are built: :mod:`aiayn.recipes.train` does that.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import logging
 import math
-import os
-import random
-import signal
-import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.checkpoint import io as ckpt_io
-from aiayn.config import Config, ModelConfig, to_dict
-from aiayn.errors import AiaynError, CheckpointError, ConfigError
+from aiayn.config import Config, TrainConfig
 from aiayn.runtime import resolve_train_dtype
-from aiayn.training.distributed import (
-    DistInfo,
-    all_gather_json,
-    all_reduce_sum,
-    barrier,
-    cleanup,
-    init_distributed,
-)
+from aiayn.training import amp, resume
+from aiayn.training.distributed import DistInfo, all_gather_json, all_reduce_sum
+from aiayn.training.groups import UpdateGroups, epoch_progress
 from aiayn.training.loss import projected_label_smoothed_loss
-from aiayn.training.metrics import MetricsLog, perplexity
+from aiayn.training.metrics import MetricsLog
 from aiayn.training.optim import build_optimizer, set_lr
+from aiayn.training.progress import Interval, StepResult, logging_around, progress_bar, run_summary, show_train_record
 from aiayn.training.schedule import make_schedule
+from aiayn.training.state import TrainerState
+from aiayn.training.stopping import StoppingRules, StopSignals, TrainingError
+from aiayn.training.validation import BleuFn, Validator, record_validation
+
+if TYPE_CHECKING:
+    from aiayn.model import Transformer
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "train_summary.json"
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class TrainingError(AiaynError):
-    """Training cannot go on: e.g. the loss stayed non-finite for too many updates."""
+__all__ = ["SUMMARY_FILE", "StepResult", "Trainer", "TrainingError"]
 
 
 @dataclass
-class StepResult:
-    """What one update did (sums over all processes)."""
+class _Loop:
+    """Bookkeeping of one :meth:`Trainer.train` call (not saved: a resumed run starts anew)."""
 
-    loss_sum: float
-    nll_sum: float
-    n_tokens: int
-    n_sentences: int
-    grad_norm: float
-    lr: float
-    updated: bool  # False: skipped (non-finite loss/gradient, or an fp16 overflow)
-    nonfinite: bool  # the loss or gradient was NaN/inf
-
-
-@dataclass
-class _Interval:
-    """Accumulates the training records between two log lines."""
-
-    loss: float = 0.0
-    nll: float = 0.0
-    tokens: int = 0
-    steps: int = 0
-    grad_norm: float = 0.0
-    start: float = field(default_factory=time.monotonic)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-# ------------------------------------------------------------------------ trainer
+    has_valid: bool
+    bar: Any = None
+    interval: Interval = field(default_factory=Interval)
+    trained: bool = False
+    last_time_save: float = field(default_factory=time.monotonic)
+    update_seconds: float = 0.0  # the last update's
+    finish_seconds: float = 0.0  # the last validate-and-save: the final one comes after the budget check
 
 
 class Trainer:
@@ -106,104 +79,54 @@ class Trainer:
     ``train_batches`` is anything with the :class:`~aiayn.data.batching.BatchIterator`
     protocol (iterate -> the rest of the current epoch; ``epoch``, ``state_dict()``,
     ``load_state_dict()``, ``len()``). ``valid_batches`` is a list of batches. Both may be
-    None for tests that drive :meth:`train_step` directly.
+    None for tests that drive :meth:`train_step` directly. ``optimizer`` defaults to
+    :func:`~aiayn.training.optim.build_optimizer`'s, ``stopping`` to the config's limits;
+    ``bleu`` adds validation BLEU.
     """
 
-    def __init__(
-        self,
-        cfg: Config,
-        model: nn.Module,
-        run_dir: str | Path | None = None,
-        *,
-        train_batches: Any = None,
-        valid_batches: list[Any] | None = None,
-        valid_text: tuple[list[str], list[str]] | None = None,
-        tokenizer: Any = None,
-        device: torch.device | str = "cpu",
-        dist_info: DistInfo | None = None,
-    ) -> None:
-        self.cfg = cfg
-        self.tc = cfg.train
+    def __init__(self, cfg: Config, model: Transformer, run_dir: str | Path | None = None, *,
+                 train_batches: Any = None, valid_batches: list[Any] | None = None, tokenizer: Any = None,
+                 device: torch.device | str = "cpu", dist_info: DistInfo | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, bleu: BleuFn | None = None,
+                 stopping: StoppingRules | None = None) -> None:
+        self.cfg, self.tc = cfg, cfg.train
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.train_batches = train_batches
-        self.valid_batches = valid_batches
-        self.valid_text = valid_text
         self.tokenizer = tokenizer
-        self.pad_id = cfg.model.pad_id
-
         # The precision in effect: train.dtype with "auto" resolved for this device.
         self.dtype = resolve_train_dtype(self.tc.dtype, self.device)
-        self.amp_dtype = DTYPES[self.dtype]
-        if self.dtype == "fp16" and self.device.type != "cuda":
-            raise ConfigError("train.dtype: fp16 needs a CUDA device (it relies on a gradient "
-                              "scaler); use bf16 on CPU")
+        self.amp_dtype = amp.DTYPES[self.dtype]
+        amp.check_fp16_device(self.dtype, self.device)
         self.model = model.to(self.device)
-        self.optimizer = build_optimizer(self.model, self.tc, self.device)
+        self.optimizer = optimizer if optimizer is not None else build_optimizer(self.model, self.tc, self.device)
         self.schedule = make_schedule(self.tc, cfg.model.d_model)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == "fp16")
+        self.scaler = amp.grad_scaler(self.dtype, self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-
-        wrapped: nn.Module = self.model
-        if self.dist.enabled:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            # No buffers need syncing at each forward (the sinusoid table is a constant);
-            # newer torch renamed the switch.
-            ddp_cls = nn.parallel.DistributedDataParallel
-            no_sync = "forward_sync_buffers" if "forward_sync_buffers" in \
-                inspect.signature(ddp_cls.__init__).parameters else "broadcast_buffers"
-            wrapped = ddp_cls(self.model, device_ids=ids, **{no_sync: False})
-        self.ddp = wrapped if self.dist.enabled else None
+        self.ddp = _data_parallel(self.model, self.dist, self.device)
+        wrapped = self.ddp if self.ddp is not None else self.model
         self.forward_model = torch.compile(wrapped) if self.tc.compile else wrapped
-
-        # Progress, counted in updates actually applied.
-        self.step = 0
-        self.nonfinite_consecutive = 0
-        self.nonfinite_total = 0
-        self.overflow_total = 0
-        self.tokens_seen = 0
-        self.elapsed_before = 0.0  # wall time of earlier segments of this run (resume)
-        self.best: dict[str, Any] | None = None
-        self.last_valid: dict[str, Any] | None = None
-        self._epoch_iter: Iterator[Any] | None = None
-        self._stop_signal: int | None = None
-
-        main = self.dist.is_main and self.run_dir is not None
-        if main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoints = ckpt_io.CheckpointManager(self.run_dir, self.tc.keep_last) \
-            if self.run_dir is not None else None
-        self.metrics = MetricsLog(self.run_dir, enabled=main, tensorboard=self.tc.tensorboard)
+        self.validator = Validator(valid_batches, self._loss, self.device, bleu=bleu)
+        self.stopping = stopping or StoppingRules.from_config(self.tc)
+        self.signals = StopSignals()
+        self.state = TrainerState()
+        self.groups = UpdateGroups(train_batches, self.tc.update_freq, self.stopping.epochs_done)
         self._last_saved_step: int | None = None
         self._last_valid_step: int | None = None
         self._t0: float | None = None
+        self.checkpoints, self.metrics = _run_outputs(self.run_dir, self.dist, self.tc)
 
     # ------------------------------------------------------------------ one update
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
-
-    def _grad_norm(self) -> torch.Tensor:
-        grads = [p.grad for p in self.params if p.grad is not None]
-        if self.tc.clip_norm > 0:
-            return torch.nn.utils.clip_grad_norm_(self.params, self.tc.clip_norm)
-        if not grads:
-            return torch.zeros((), device=self.device)
-        if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6
-            return torch.nn.utils.get_total_norm(grads)
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
     def _loss(self, forward: Any, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed smoothed loss and NLL of a batch. ``forward`` gives the decoder states
         (B, T, D); the projection to the vocabulary is fused with the loss."""
-        with self._autocast():
+        with amp.autocast(self.device, self.amp_dtype):
             states = forward(batch.src, batch.tgt_in, project=False)
             return projected_label_smoothed_loss(
                 states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
-                self.tc.label_smoothing, ignore_index=self.pad_id)
+                self.tc.label_smoothing, ignore_index=self.cfg.model.pad_id)
 
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
@@ -212,6 +135,21 @@ class Trainer:
         local_tokens = sum(int(b.n_tgt_tokens) for b in batches)
         local_sents = sum(int(b.src.size(0)) for b in batches)
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
+        loss_acc, nll_acc = self._backward(batches, total_tokens)
+        loss_sum, nll_sum, n_sents = all_reduce_sum([loss_acc, nll_acc, local_sents], self.dist, self.device)
+        lr = self.schedule(self.state.step + 1)
+        set_lr(self.optimizer, lr)
+        out = amp.apply_update(self.optimizer, self.scaler, self.params, self.tc.clip_norm,
+                               math.isfinite(loss_sum), self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._count(out, loss_sum)
+        self.state.tokens_seen += int(total_tokens)
+        return StepResult(loss_sum=loss_sum, nll_sum=nll_sum, n_tokens=int(total_tokens),
+                          n_sentences=int(n_sents), grad_norm=out.grad_norm, lr=lr,
+                          updated=out.updated, nonfinite=out.nonfinite)
+
+    def _backward(self, batches: list[Any], total_tokens: float) -> tuple[float, float]:
+        """Accumulate the gradients of ``batches``; their summed loss and NLL (this process)."""
         # DDP averages gradients over processes; multiplying by the world size turns that
         # average back into the sum, so every token counts once: grad(sum loss) / tokens.
         scale = self.dist.world_size / max(total_tokens, 1.0)
@@ -225,169 +163,50 @@ class Trainer:
                 self.scaler.scale(loss * scale).backward()
             loss_acc += loss.detach().double()
             nll_acc += nll.detach().double()
-        stats = all_reduce_sum([loss_acc.item(), nll_acc.item(), local_sents], self.dist, self.device)
-        loss_sum, nll_sum, n_sents = stats
-        lr = self.schedule(self.step + 1)
-        set_lr(self.optimizer, lr)
-        loss_ok = math.isfinite(loss_sum)
+        return loss_acc.item(), nll_acc.item()
 
-        if self.scaler.is_enabled():
-            self.scaler.unscale_(self.optimizer)
-            grad_norm = float(self._grad_norm())
-            scale_before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)  # skips the update itself on inf/NaN gradients
-            self.scaler.update()
-            updated = loss_ok and self.scaler.get_scale() >= scale_before
-            nonfinite = not loss_ok
-            if loss_ok and not updated:
-                self.overflow_total += 1
-                log.debug("fp16 overflow at step %d: scale %.0f -> %.0f", self.step + 1,
-                          scale_before, self.scaler.get_scale())
-        else:
-            grad_norm = float(self._grad_norm())
-            nonfinite = not (loss_ok and math.isfinite(grad_norm))
-            updated = not nonfinite
-            if updated:
-                self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-        if nonfinite:
-            self.nonfinite_consecutive += 1
-            self.nonfinite_total += 1
+    def _count(self, out: amp.UpdateOutcome, loss_sum: float) -> None:
+        """The step advances on an applied update; skipped ones are counted (divergence)."""
+        nf = self.state.nonfinite
+        nf.add(out.nonfinite, out.overflow)
+        if out.overflow:
+            log.debug("fp16 overflow at step %d: scale %.0f -> %.0f", self.state.step + 1,
+                      out.scale_before, self.scaler.get_scale())
+        if out.nonfinite:
             log.warning("non-finite loss/gradient at step %d (loss %s, grad norm %s): update "
-                        "skipped (%d in a row, limit %d)", self.step + 1, loss_sum, grad_norm,
-                        self.nonfinite_consecutive, self.tc.max_nonfinite)
-        else:
-            self.nonfinite_consecutive = 0
-        if updated:
-            self.step += 1
-        self.tokens_seen += int(total_tokens)
-        return StepResult(loss_sum=loss_sum, nll_sum=nll_sum, n_tokens=int(total_tokens),
-                          n_sentences=int(n_sents), grad_norm=grad_norm, lr=lr,
-                          updated=updated, nonfinite=nonfinite)
+                        "skipped (%d in a row, limit %d)", self.state.step + 1, loss_sum, out.grad_norm,
+                        nf.consecutive, self.stopping.max_nonfinite)
+        if out.updated:
+            self.state.step += 1
 
-    # ------------------------------------------------------------------ validation
-
-    @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Loss, NLL, perplexity (and BLEU with ``train.valid_bleu``) on the validation set.
-
-        Runs on the main process only, under a forked RNG so that it does not change the
-        random stream training continues with.
-        """
-        if not self.valid_batches:
-            return {}
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            self.model.eval()
-            loss_sum = nll_sum = 0.0
-            tokens = 0
-            for batch in self.valid_batches:
-                batch = batch.to(self.device)
-                loss, nll = self._loss(self.model, batch)
-                loss_sum += float(loss)
-                nll_sum += float(nll)
-                tokens += int(batch.n_tgt_tokens)
-            result = {"valid_loss": loss_sum / max(tokens, 1), "valid_nll": nll_sum / max(tokens, 1)}
-            result["valid_ppl"] = perplexity(result["valid_nll"])
-            if self.tc.valid_bleu:
-                bleu = self._valid_bleu()
-                if bleu is not None:
-                    result["valid_bleu"] = bleu
-            self.model.train()
-        return result
-
-    def _valid_bleu(self) -> float | None:
-        if self.valid_text is None or self.tokenizer is None:
-            log.info("valid_bleu: no validation text or tokenizer; BLEU skipped")
-            return None
-        try:  # written by the inference side; optional here
-            from aiayn.evaluation.bleu import corpus_bleu
-            from aiayn.inference.translator import Translator
-        except ImportError as exc:
-            log.info("valid_bleu: decoding is not available (%s); BLEU skipped", exc)
-            return None
-        src, ref = self.valid_text
-        translator = Translator(self.model, self.tokenizer, self.cfg.decode, device=self.device)
-        hyps = translator.translate(list(src))
-        score = corpus_bleu(hyps, list(ref))
-        return float(getattr(score, "score", score))
-
-    def _is_better(self, metrics: dict[str, float]) -> bool:
-        name = self.tc.best_metric
-        if name not in metrics:
-            return False
-        if self.best is None:
-            return True
-        value, best = metrics[name], self.best["value"]
-        return value > best if name == "valid_bleu" else value < best
+        """Loss, NLL, perplexity (and BLEU, given a scorer) on the validation set; on the
+        main process only, under a forked RNG (:class:`~aiayn.training.validation.Validator`)."""
+        return self.validator(self.model)
 
     # ------------------------------------------------------------------ state
 
     def state_dict(self, rng_per_rank: list[Any] | None = None) -> dict[str, Any]:
         """Everything but the weights and optimizer, as JSON (goes into state.json)."""
         data = self.train_batches.state_dict() if self.train_batches is not None else None
-        return {
-            "step": self.step,
-            "epoch": data["epoch"] if data else None,
-            "data": data,
-            "scheduler": {"kind": self.tc.lr_schedule, "step": self.step,
-                          "lr": self.schedule(max(self.step, 1))},
-            "rng": rng_per_rank[0] if rng_per_rank else ckpt_io.capture_rng_state(self.device),
-            "rng_per_rank": rng_per_rank if rng_per_rank and len(rng_per_rank) > 1 else None,
-            "world_size": self.dist.world_size,
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else None,
-            "nonfinite": {"consecutive": self.nonfinite_consecutive, "total": self.nonfinite_total,
-                          "fp16_overflows": self.overflow_total},
-            "tokens_seen": self.tokens_seen,
-            "elapsed": self.elapsed(),
-            "best": self.best,
-            "last_valid": self.last_valid,
-        }
+        step = self.state.step
+        return dataclasses.replace(
+            self.state, epoch=data["epoch"] if data else None, data=data,
+            scheduler={"kind": self.tc.lr_schedule, "step": step, "lr": self.schedule(max(step, 1))},
+            rng=rng_per_rank[0] if rng_per_rank else ckpt_io.capture_rng_state(self.device),
+            rng_per_rank=rng_per_rank if rng_per_rank and len(rng_per_rank) > 1 else None,
+            world_size=self.dist.world_size,
+            scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None,
+            elapsed=self.elapsed(),
+        ).to_json()
 
     def load(self, path: str | Path) -> None:
         """Restore a checkpoint written by :meth:`save` (weights, optimizer, state, RNG)."""
-        path = ckpt_io.resolve_checkpoint(path)
-        ckpt_io.verify_checkpoint(path)
-        saved = ckpt_io.load_checkpoint_config(path)
-        _check_same_model(saved.model, self.cfg.model, path)
-        state = ckpt_io.read_state(path)
-        ckpt_io.load_model_weights(self.model, path / ckpt_io.MODEL_FILE)
-        ckpt_io.restore_optimizer(self.optimizer, ckpt_io.load_optimizer_state(path))
-        if state.get("scaler") and self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
-        if self.train_batches is not None and state.get("data") is not None:
-            data = dict(state["data"])
-            saved_world = int(state.get("world_size") or 1)
-            if saved_world != self.dist.world_size:
-                # The offset counts this shard's batches: keep the number of batches of the
-                # epoch already seen (approximately: shards differ), not the offset itself.
-                seen = int(data["offset"]) * saved_world
-                data["offset"] = min(seen // self.dist.world_size, len(self.train_batches))
-            self.train_batches.load_state_dict(data)
-        self._epoch_iter = None
-        self.step = int(state["step"])
-        nf = state.get("nonfinite") or {}
-        self.nonfinite_consecutive = int(nf.get("consecutive", 0))
-        self.nonfinite_total = int(nf.get("total", 0))
-        self.overflow_total = int(nf.get("fp16_overflows", 0))
-        self.tokens_seen = int(state.get("tokens_seen", 0))
-        self.elapsed_before = float(state.get("elapsed", 0.0))
-        self.best = state.get("best")
-        self.last_valid = state.get("last_valid")
-        self._last_saved_step = self.step
-        rng = state["rng"]
-        per_rank = state.get("rng_per_rank")
-        if self.dist.enabled:
-            if per_rank and len(per_rank) == self.dist.world_size:
-                rng = per_rank[self.dist.rank]
-            else:
-                log.warning("checkpoint was written by %s process(es), this run has %d: random "
-                            "streams (dropout) will differ from an uninterrupted run",
-                            state.get("world_size", 1), self.dist.world_size)
-        # Last: building the model and optimizer above consumed random numbers.
-        ckpt_io.restore_rng_state(rng, self.device)
-        log.info("resumed from %s at step %d (epoch %s)", path, self.step, state.get("epoch"))
+        self.state = resume.restore(path, model=self.model, model_cfg=self.cfg.model, optimizer=self.optimizer,
+                                    scaler=self.scaler, batches=self.train_batches, dist=self.dist,
+                                    device=self.device)
+        self.groups.restart()
+        self._last_saved_step = self.state.step
 
     def save(self, is_best: bool = False) -> Path | None:
         """Checkpoint the current step. Collective under torchrun (RNG states are gathered);
@@ -397,60 +216,16 @@ class Trainer:
         if self.dist.is_main and self.checkpoints is not None:
             t = time.monotonic()
             path = self.checkpoints.save(
-                self.step, self.model, self.cfg, tokenizer=self.tokenizer,
+                self.state.step, self.model, self.cfg, tokenizer=self.tokenizer,
                 state=self.state_dict(rng), optimizer=self.optimizer, is_best=is_best)
             log.info("saved %s (%.1f s)", path, time.monotonic() - t)
-        self._last_saved_step = self.step
+        self._last_saved_step = self.state.step
         return path
 
     # ------------------------------------------------------------------ the loop
 
     def elapsed(self) -> float:
-        return self.elapsed_before + (time.monotonic() - self._t0 if self._t0 is not None else 0.0)
-
-    def _epoch_progress(self) -> float:
-        it = self.train_batches
-        if it is None:
-            return 0.0
-        n = max(len(it), 1)
-        return round(it.epoch - 1 + it.offset / n, 4) if hasattr(it, "offset") else float(it.epoch)
-
-    def _next_group(self) -> list[Any]:
-        """The next ``update_freq`` batches; shorter at the end of an epoch, empty once
-        ``max_epochs`` epochs are done. Groups never span two epochs."""
-        group: list[Any] = []
-        it = self.train_batches
-        while len(group) < self.tc.update_freq:
-            if self._epoch_iter is None:
-                if self.tc.max_epochs and it.epoch > self.tc.max_epochs:
-                    break
-                self._epoch_iter = iter(it)
-            try:
-                group.append(next(self._epoch_iter))
-            except StopIteration:
-                self._epoch_iter = None
-                if group:
-                    break
-        return group
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self._stop_signal is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self._stop_signal = signum
-        log.warning("received %s: stopping after this step and saving a checkpoint "
-                    "(Ctrl-C again to abort without saving)", signal.Signals(signum).name)
-
-    @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+        return self.state.elapsed + (time.monotonic() - self._t0 if self._t0 is not None else 0.0)
 
     def _agree(self, flags: list[bool]) -> list[bool]:
         """Every process takes the same decisions: a flag raised on any rank holds for all."""
@@ -458,339 +233,161 @@ class Trainer:
             return flags
         return [v > 0 for v in all_reduce_sum([float(f) for f in flags], self.dist, self.device)]
 
-    def _dtype_label(self) -> str:
-        # For the start-of-run log line: what train.dtype resolved to, and why.
-        if self.tc.dtype != "auto":
-            return self.dtype
-        why = "native bf16" if self.dtype == "bf16" else "no native bf16 on this device"
-        return f"dtype auto -> {self.dtype}: {why}"
-
-    def _progress_bar(self) -> Any:
-        if not (self.dist.is_main and self.tc.progress_bar and sys.stderr.isatty()):
-            return None
-        from tqdm import tqdm
-
-        total = self.tc.max_steps or None
-        return tqdm(total=total, initial=self.step, unit="step", dynamic_ncols=True,
-                    file=sys.stderr, leave=True)
-
     def train(self) -> dict[str, Any]:
         """Train until max_steps / max_epochs / max_time (or SIGINT/SIGTERM); returns the
         summary also written to ``train_summary.json``."""
         if self.train_batches is None:
             raise ValueError("Trainer.train needs train_batches")
-        tc = self.tc
         self._t0 = time.monotonic()
-        last_time_save = time.monotonic()
-        interval = _Interval()
-        stop_reason: str | None = None
-        trained = False
-        finish_seconds = 0.0  # the last validate-and-save: the final one happens after the budget check
-        bar = self._progress_bar()
-        n_params = sum(p.numel() for p in self.params)
         # Only the main process holds the validation set; every process must know whether
         # validation steps happen, since they are collective points.
-        has_valid = self._agree([bool(self.valid_batches)])[0] and bool(tc.valid_every)
+        has_valid = self._agree([bool(self.validator.batches)])[0] and bool(self.tc.valid_every)
+        run = _Loop(has_valid, bar=progress_bar(self.dist.is_main and self.tc.progress_bar,
+                                                self.tc.max_steps or None, self.state.step))
         if self.dist.is_main:
             log.info("training %s parameters on %s (%s, %d process(es), update_freq %d) from step %d",
-                     f"{n_params:,}", self.device, self._dtype_label(), self.dist.world_size, tc.update_freq,
-                     self.step)
-        redirect = contextlib.nullcontext()
-        if bar is not None:
-            from tqdm.contrib.logging import logging_redirect_tqdm
-            redirect = logging_redirect_tqdm()
+                     f"{sum(p.numel() for p in self.params):,}", self.device,
+                     amp.dtype_label(self.tc.dtype, self.dtype), self.dist.world_size, self.tc.update_freq,
+                     self.state.step)
         try:
-            with self._signals(), redirect:
-                while True:
-                    if tc.max_steps and self.step >= tc.max_steps:  # e.g. resumed at the end
-                        stop_reason = "max_steps"
-                        break
-                    group = self._next_group()
-                    if not group:
-                        stop_reason = "max_epochs"
-                        break
-                    step_start = time.monotonic()
-                    result = self.train_step(group)
-                    # The budget check below stops before an update (plus the final
-                    # validation and save) that would end past max_time: no overshoot.
-                    group_seconds = time.monotonic() - step_start
-                    if self.nonfinite_consecutive >= tc.max_nonfinite:
-                        stop_reason = "diverged"
-                        break
-                    interval.loss += result.loss_sum
-                    interval.nll += result.nll_sum
-                    interval.tokens += result.n_tokens
-                    interval.steps += 1
-                    interval.grad_norm = result.grad_norm
-                    if not result.updated:
-                        continue
-                    if bar is not None:
-                        bar.update(1)
-                    trained = True
-                    if tc.log_every and self.step % tc.log_every == 0:
-                        self._log_train(interval, result.lr, bar)
-                        interval = _Interval()
-                    now = time.monotonic()
-                    time_over = bool(tc.max_time_minutes) and \
-                        self.elapsed() + group_seconds + finish_seconds >= tc.max_time_minutes * 60
-                    time_save = bool(tc.save_every_minutes) and \
-                        now - last_time_save >= tc.save_every_minutes * 60
-                    time_over, time_save, signalled = self._agree(
-                        [time_over, time_save, self._stop_signal is not None])
-                    if tc.max_steps and self.step >= tc.max_steps:
-                        stop_reason = "max_steps"
-                    elif time_over:
-                        stop_reason = "max_time"
-                    elif signalled:
-                        stop_reason = "signal"
-                    final = stop_reason is not None
-                    if final and interval.steps:
-                        self._log_train(interval, result.lr, bar)
-                    valid_now = has_valid and (self.step % tc.valid_every == 0 or final)
-                    block_start = time.monotonic()
-                    is_best = self._maybe_validate() if valid_now else False
-                    save_now = (bool(tc.save_every) and self.step % tc.save_every == 0) \
-                        or time_save or final
-                    if valid_now or save_now:
-                        # Collective on every process (the best-checkpoint decision is the
-                        # main process's, so every validation step is a potential save).
-                        is_best = self._agree([is_best])[0] and tc.keep_best
-                        if save_now or is_best:
-                            self.save(is_best=is_best)
-                            last_time_save = time.monotonic()
-                        if valid_now:
-                            finish_seconds = time.monotonic() - block_start
-                    if final:
-                        break
+            with self.signals.installed(), logging_around(run.bar):
+                stop_reason = self._loop(run)
             if stop_reason == "diverged":
-                return self._diverged()
-            if trained and self._last_saved_step != self.step:
-                # Stopped by max_epochs: the last update could not know it was the last.
-                if interval.steps:
-                    self._log_train(interval, self.schedule(self.step), bar)
-                is_best = False
-                if has_valid and self.step != self._last_valid_step:
-                    is_best = self._agree([self._maybe_validate()])[0] and tc.keep_best
-                self.save(is_best=is_best)
+                return self._finish(stop_reason)  # raises TrainingError
+            self._end_of_data(run)
         finally:
-            if bar is not None:
-                bar.close()
+            if run.bar is not None:
+                run.bar.close()
             self.metrics.close()
-        return self._finish(stop_reason or "max_steps")
+        return self._finish(stop_reason)
+
+    def _loop(self, run: _Loop) -> str:
+        """Updates until a stopping rule holds; its name."""
+        while True:
+            if self.stopping.steps_done(self.state.step):  # e.g. resumed at the end
+                return "max_steps"
+            group = self.groups.next()
+            if not group:
+                return "max_epochs"
+            start = time.monotonic()
+            result = self.train_step(group)
+            run.update_seconds = time.monotonic() - start
+            if self.stopping.diverged(self.state.nonfinite.consecutive):
+                return "diverged"
+            run.interval.add(result)
+            if not result.updated:
+                continue
+            stop_reason = self._after_update(run, result.lr)
+            if stop_reason is not None:
+                return stop_reason
+
+    def _after_update(self, run: _Loop, lr: float) -> str | None:
+        """Log, validate and save as scheduled; the stop reason if this update is the last."""
+        if run.bar is not None:
+            run.bar.update(1)
+        run.trained = True
+        step = self.state.step
+        if self.tc.log_every and step % self.tc.log_every == 0:
+            self._log_train(run.interval, lr, run.bar)
+            run.interval = Interval()
+        # The budget check stops before an update (plus the final validation and save)
+        # that would end past max_time: no overshoot.
+        time_over = self.stopping.out_of_time(self.elapsed(), run.update_seconds, run.finish_seconds)
+        time_save = bool(self.tc.save_every_minutes) and \
+            time.monotonic() - run.last_time_save >= self.tc.save_every_minutes * 60
+        time_over, time_save, signalled = self._agree([time_over, time_save, self.signals.received is not None])
+        stop_reason = self.stopping.reason(step, time_over, signalled)
+        final = stop_reason is not None
+        if final and run.interval.steps:
+            self._log_train(run.interval, lr, run.bar)
+        valid_now = run.has_valid and (step % self.tc.valid_every == 0 or final)
+        save_now = (bool(self.tc.save_every) and step % self.tc.save_every == 0) or time_save or final
+        self._validate_and_save(run, valid_now, save_now)
+        return stop_reason
+
+    def _validate_and_save(self, run: _Loop, valid_now: bool, save_now: bool) -> None:
+        start = time.monotonic()
+        is_best = self._maybe_validate() if valid_now else False
+        if not (valid_now or save_now):
+            return
+        # Collective on every process (the best-checkpoint decision is the main process's,
+        # so every validation step is a potential save).
+        is_best = self._agree([is_best])[0] and self.tc.keep_best
+        if save_now or is_best:
+            self.save(is_best=is_best)
+            run.last_time_save = time.monotonic()
+        if valid_now:
+            run.finish_seconds = time.monotonic() - start
+
+    def _end_of_data(self, run: _Loop) -> None:
+        """Stopped by max_epochs: the last update could not know it was the last, so its
+        record, validation and checkpoint come now."""
+        if not run.trained or self._last_saved_step == self.state.step:
+            return
+        if run.interval.steps:
+            self._log_train(run.interval, self.schedule(self.state.step), run.bar)
+        is_best = False
+        if run.has_valid and self.state.step != self._last_valid_step:
+            is_best = self._agree([self._maybe_validate()])[0] and self.tc.keep_best
+        self.save(is_best=is_best)
 
     def _maybe_validate(self) -> bool:
         """Validate (main process); True if the metric improved on the best so far."""
-        self._last_valid_step = self.step
+        step = self._last_valid_step = self.state.step
         if not self.dist.is_main:
             return False
         metrics = self.validate()
         if not metrics:
             return False
-        record = {"split": "valid", "step": self.step, "epoch": self._epoch_progress(), **metrics,
-                  "elapsed": round(self.elapsed(), 3)}
-        self.metrics.write(record)
-        self.last_valid = {"step": self.step, **metrics}
-        better = self._is_better(metrics)
-        if better:
-            self.best = {"metric": self.tc.best_metric, "value": metrics[self.tc.best_metric],
-                         "step": self.step}
+        self.metrics.write({"split": "valid", "step": step, "epoch": epoch_progress(self.train_batches), **metrics,
+                            "elapsed": round(self.elapsed(), 3)})
+        better = record_validation(self.state, self.tc.best_metric, metrics, step)
         text = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        log.info("step %d: %s%s", self.step, text, " (best)" if better else "")
+        log.info("step %d: %s%s", step, text, " (best)" if better else "")
         return better
 
-    def _log_train(self, interval: _Interval, lr: float, bar: Any) -> None:
-        tokens = max(interval.tokens, 1)
-        seconds = max(time.monotonic() - interval.start, 1e-9)
-        nll = interval.nll / tokens
-        record = {
-            "split": "train", "step": self.step, "epoch": self._epoch_progress(),
-            "loss": interval.loss / tokens, "nll": nll, "ppl": perplexity(nll), "lr": lr,
-            "grad_norm": interval.grad_norm, "tokens_per_s": interval.tokens / seconds,
-            "elapsed": round(self.elapsed(), 3),
-        }
+    def _log_train(self, interval: Interval, lr: float, bar: Any) -> None:
+        record = interval.record(self.state.step, epoch_progress(self.train_batches), lr, self.elapsed())
         if self.dist.is_main:
             self.metrics.write(record)
-            if bar is not None:
-                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{lr:.2e}",
-                                tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
-            log.info("step %d | epoch %.2f | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | "
-                     "gnorm %.3f | %.0f tok/s", self.step, record["epoch"], record["loss"], nll,
-                     record["ppl"], lr, record["grad_norm"], record["tokens_per_s"])
-
-    def _summary(self, stop_reason: str) -> dict[str, Any]:
-        last = self.checkpoints.last() if self.checkpoints is not None else None
-        best = self.checkpoints.best() if self.checkpoints is not None else None
-        return {
-            "stop_reason": stop_reason, "step": self.step, "epoch": self._epoch_progress(),
-            "elapsed": round(self.elapsed(), 3), "tokens_seen": self.tokens_seen,
-            "nonfinite_skipped": self.nonfinite_total, "fp16_overflows": self.overflow_total,
-            "last_valid": self.last_valid, "best": self.best,
-            "last_checkpoint": str(last) if last else None,
-            "best_checkpoint": str(best) if best else None,
-            "world_size": self.dist.world_size, "device": str(self.device), "dtype": self.dtype,
-        }
-
-    def _write_summary(self, summary: dict[str, Any]) -> None:
-        if self.dist.is_main and self.run_dir is not None:
-            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            show_train_record(record, bar, log)
 
     def _finish(self, stop_reason: str) -> dict[str, Any]:
-        summary = self._summary(stop_reason)
-        self._write_summary(summary)
+        """Write ``train_summary.json`` and return its content (raise on divergence)."""
+        checkpoints = self.checkpoints
+        summary = run_summary(stop_reason, self.state, epoch=epoch_progress(self.train_batches),
+                              elapsed=self.elapsed(), world_size=self.dist.world_size, device=self.device,
+                              dtype=self.dtype, last_checkpoint=checkpoints.last() if checkpoints else None,
+                              best_checkpoint=checkpoints.best() if checkpoints else None)
+        if self.dist.is_main and self.run_dir is not None:
+            (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1), encoding="utf-8")
+        if stop_reason == "diverged":
+            raise self.stopping.divergence_error(self.state.nonfinite.consecutive, self.state.step,
+                                                 summary["last_checkpoint"])
         if self.dist.is_main:
-            log.info("stopped (%s) at step %d after %.1f s", stop_reason, self.step, self.elapsed())
+            log.info("stopped (%s) at step %d after %.1f s", stop_reason, self.state.step, self.elapsed())
         return summary
 
-    def _diverged(self) -> dict[str, Any]:
-        summary = self._summary("diverged")
-        self._write_summary(summary)
-        last = summary["last_checkpoint"]
-        raise TrainingError(
-            f"the loss was non-finite for {self.nonfinite_consecutive} consecutive updates "
-            f"(train.max_nonfinite={self.tc.max_nonfinite}) after step {self.step}; training "
-            f"stopped. The last good checkpoint is {last or '(none written yet)'}. Try a lower "
-            "learning rate (train.lr_scale / train.lr), gradient clipping (train.clip_norm), "
-            "or bf16 instead of fp16.")
+
+def _data_parallel(model: nn.Module, dist: DistInfo, device: torch.device) -> DistributedDataParallel | None:
+    """The model wrapped in DDP under torchrun; None otherwise."""
+    if not dist.enabled:
+        return None
+    ids = [device.index] if device.type == "cuda" else None
+    # No buffers need syncing at each forward (the sinusoid table is a constant);
+    # newer torch renamed the switch.
+    no_sync = "forward_sync_buffers" if "forward_sync_buffers" in \
+        inspect.signature(DistributedDataParallel.__init__).parameters else "broadcast_buffers"
+    options: dict[str, Any] = {no_sync: False}
+    return DistributedDataParallel(model, device_ids=ids, **options)
 
 
-def _check_same_model(saved: ModelConfig, current: ModelConfig, path: Path) -> None:
-    a, b = to_dict(saved), to_dict(current)
-    diff = [f"model.{k}: checkpoint {a[k]!r}, config {b[k]!r}" for k in a if a.get(k) != b.get(k)]
-    if diff:
-        raise CheckpointError(f"{path}: the checkpoint's model differs from the configuration "
-                              f"({'; '.join(diff)}); use a new run directory for a different model")
-
-
-# ------------------------------------------------------------------ whole-run driver
-
-
-def default_run_dir(config_path: str | Path | None) -> Path:
-    """``runs/<config file stem>`` when no --run-dir is given."""
-    return Path("runs") / (Path(config_path).stem if config_path else "run")
-
-
-def _setup_file_logging(run_dir: Path) -> logging.Handler:
-    handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("aiayn").addHandler(handler)
-    if logging.getLogger("aiayn").getEffectiveLevel() > logging.INFO:
-        logging.getLogger("aiayn").setLevel(logging.INFO)
-    return handler
-
-
-def build_data(cfg: Config, run_dir: Path, info: DistInfo) -> dict[str, Any]:
-    """Prepared data for this process: tokenizer, sharded training batches, validation."""
-    from aiayn.data.batching import BatchIterator
-    from aiayn.data.prepare import ensure_prepared, load_split, load_tokenizer, split_text
-
-    if cfg.data.prepared_dir:
-        prepared = Path(cfg.data.prepared_dir)
-    else:
-        # The main process prepares (tokenizer training, binarizing); the others wait,
-        # then find it ready.
-        if info.is_main:
-            prepared = ensure_prepared(cfg.data, run_dir / "data")
-        barrier(info)
-        if not info.is_main:
-            prepared = ensure_prepared(cfg.data, run_dir / "data")
-    tokenizer = load_tokenizer(prepared)
-    train_ds = load_split(prepared, "train")
-    train_batches = BatchIterator(train_ds, cfg.train.max_tokens, seed=cfg.train.seed, shuffle=True,
-                                  num_shards=info.world_size, shard_id=info.rank)
-    valid_batches = valid_text = None
-    if info.is_main:
-        try:
-            valid_ds = load_split(prepared, "valid")
-        except (AiaynError, FileNotFoundError) as exc:
-            log.warning("no validation set (%s): validation skipped", exc)
-        else:
-            it = BatchIterator(valid_ds, cfg.train.max_tokens, shuffle=False)
-            valid_batches = [it.make_batch(idx) for idx in it.epoch_batches(1)]
-            if cfg.train.valid_bleu:
-                try:
-                    valid_text = split_text(prepared, "valid")
-                except (AiaynError, FileNotFoundError) as exc:
-                    log.warning("validation text unavailable (%s): no validation BLEU", exc)
-    return {"prepared": prepared, "tokenizer": tokenizer, "train": train_batches,
-            "valid": valid_batches, "valid_text": valid_text}
-
-
-def _match_vocab(cfg: Config, tokenizer: Any) -> Config:
-    """The model's vocabulary sizes follow the tokenizer's, as fairseq's follow its dictionary."""
-    src, tgt = int(tokenizer.src_vocab_size), int(tokenizer.tgt_vocab_size)
-    m = cfg.model
-    if (m.src_vocab_size, m.tgt_vocab_size) != (src, tgt):
-        log.info("model vocabulary sizes set from the tokenizer: source %d, target %d", src, tgt)
-        m.src_vocab_size, m.tgt_vocab_size = src, tgt
-    if m.share_embeddings == "all" and src != tgt:
-        raise ConfigError(
-            f"model.share_embeddings: 'all' needs one shared vocabulary, but the tokenizer has "
-            f"{src} source and {tgt} target pieces (set data.joint_vocab: true, or "
-            "model.share_embeddings: decoder)")
-    m.validate()
-    return cfg
-
-
-def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
-    """Train ``cfg`` in ``run_dir``: fresh, or resumed from ``resume`` / the run directory's
-    last checkpoint. The entry point of ``aiayn train`` (also under torchrun)."""
-    from aiayn.model import build_model
-
-    threads = os.environ.get("AIAYN_NUM_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
-    if cfg.train.dtype == "fp16" and not (cfg.train.device != "cpu" and torch.cuda.is_available()):
-        raise ConfigError("train.dtype: fp16 needs a CUDA device (it relies on a gradient "
-                          "scaler); use bf16 on CPU")
-    info, device = init_distributed(cfg.train.device)
-    run_dir = Path(run_dir)
-    handler = None
-    try:
-        if info.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            handler = _setup_file_logging(run_dir)
-        else:
-            logging.getLogger("aiayn").setLevel(logging.WARNING)
-        barrier(info)
-        manager = ckpt_io.CheckpointManager(run_dir, cfg.train.keep_last)
-        if info.is_main:
-            manager.clean_incomplete()
-        resume_from = None
-        if resume is not None:
-            resume_from = ckpt_io.resolve_checkpoint(resume)
-        elif manager.last() is not None:
-            resume_from = manager.last()
-            if info.is_main:
-                log.info("%s has a checkpoint: resuming from %s", run_dir, resume_from)
-
-        seed_everything(cfg.train.seed)
-        data = build_data(cfg, run_dir, info)
-        cfg = _match_vocab(cfg, data["tokenizer"])
-        # Same seed on every process: identical initial weights (DDP also broadcasts them).
-        seed_everything(cfg.train.seed)
-        model = build_model(cfg.model)
-        if cfg.train.init_from and resume_from is None:
-            src = ckpt_io.resolve_checkpoint(cfg.train.init_from)
-            ckpt_io.verify_checkpoint(src)
-            ckpt_io.load_model_weights(model, src / ckpt_io.MODEL_FILE)
-            log.info("initialised weights from %s", src)
-        if info.enabled:
-            # Different dropout masks per process; the data already differ by shard.
-            torch.manual_seed(cfg.train.seed + 1000003 * info.rank)
-        trainer = Trainer(cfg, model, run_dir, train_batches=data["train"],
-                          valid_batches=data["valid"], valid_text=data["valid_text"],
-                          tokenizer=data["tokenizer"], device=device, dist_info=info)
-        if resume_from is not None:
-            trainer.load(resume_from)
-            trainer.metrics.truncate_after(trainer.step)
-        if info.is_main:
-            from aiayn.config import save_config
-            save_config(cfg, run_dir / "config.yaml")
-        summary = trainer.train()
-        barrier(info)
-        return summary
-    finally:
-        if handler is not None:
-            logging.getLogger("aiayn").removeHandler(handler)
-            handler.close()
-        cleanup()
+def _run_outputs(run_dir: Path | None, dist: DistInfo, tc: TrainConfig) -> tuple[Any, MetricsLog]:
+    """The run's checkpoint manager (None without a run directory) and metrics log; only the
+    main process writes."""
+    if run_dir is None:
+        return None, MetricsLog(None, enabled=False, tensorboard=tc.tensorboard)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return ckpt_io.CheckpointManager(run_dir, tc.keep_last), \
+        MetricsLog(run_dir, enabled=dist.is_main, tensorboard=tc.tensorboard)

@@ -21,20 +21,16 @@ int64 reference):
 * ``int_mm``: ``torch._int_mm`` (int8 x int8 -> int32) and the scaling as separate passes,
   wherever oneDNN's op is missing.
 
-Only the inference path uses it: :func:`quantize_int8` rewrites a model in place. The
-embeddings, LayerNorms and attention's score/value products stay in float32. A quantized
-model cannot be trained or saved as a checkpoint.
+Only the inference path uses it: :func:`aiayn.inference.prepare.prepare_for_inference`
+swaps these layers into its copy of a model, never into the model itself. The embeddings,
+LayerNorms and attention's score/value products stay in float32. A quantized copy cannot
+be trained or saved as a checkpoint.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
-
-if TYPE_CHECKING:
-    from aiayn.model.transformer import Transformer
 
 _QMAX = 127.0
 _ZERO_POINT = 128  # int8 -> uint8 for oneDNN: x8 + 128
@@ -114,33 +110,10 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
 
 
-def _replace_linears(module: nn.Module) -> None:
+def replace_linears(module: nn.Module) -> None:
+    """Replace every ``nn.Linear`` under ``module`` by its :class:`Int8Linear`, in place."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             setattr(module, name, Int8Linear(child.weight, child.bias))
         else:
-            _replace_linears(child)
-
-
-def quantize_int8(model: Transformer) -> Transformer:
-    """Rewrite a :class:`~aiayn.model.Transformer` for int8 CPU inference, in place.
-
-    Every ``nn.Linear`` of the encoder and decoder layers (attention projections, feed-forward
-    layers) becomes an :class:`Int8Linear`; each self-attention gets ``qkv_int8``, its
-    W_Q, W_K, W_V side by side (the fused projection of inference), and the model gets
-    ``output_int8``, the pre-softmax projection. The embeddings stay float: they are looked
-    up, and a tied projection's float copy is that embedding.
-    """
-    if model.training:
-        raise ValueError("quantize_int8: put the model in eval mode first (it is for inference)")
-    if next(model.parameters()).device.type != "cpu":
-        raise ValueError("quantize_int8: int8 inference runs on the CPU")
-    model.output_int8 = Int8Linear(model.output_weight, model.output_bias)
-    for stack in (model.encoder_layers, model.decoder_layers):
-        for layer in stack:  # self-attention projects Q, K, V of one input: fused
-            attn = layer.self_attn
-            lins = (attn.w_q, attn.w_k, attn.w_v)
-            attn.qkv_int8 = Int8Linear(torch.cat([lin.weight for lin in lins]),
-                                       torch.cat([lin.bias for lin in lins]))
-        _replace_linears(stack)
-    return model
+            replace_linears(child)

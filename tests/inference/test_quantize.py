@@ -1,6 +1,6 @@
-"""int8 inference (aiayn.model.quantize): the quantizer's golden values, both kernels against
-an integer reference, the quantization error of a layer and of a whole model, decoding with
-the cache against recomputation, and the errors."""
+"""int8 inference (aiayn.inference.quantize): the quantizer's golden values, both kernels
+against an integer reference, the quantization error of a layer and of a whole prepared
+model, decoding with the cache against recomputation, and the errors."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import torch
 from torch import nn
 
 from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.inference import quantize as Q
 from aiayn.inference.adapters import IncrementalDecoder, RecomputingDecoder
+from aiayn.inference.prepare import prepare_for_inference
 from aiayn.inference.search import beam_search
 from aiayn.model import build_model
-from aiayn.model import quantize as Q
 
 KERNELS = ["int_mm"] + (["onednn"] if Q._onednn_available() else [])
 
@@ -90,19 +91,23 @@ def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
     tgt = torch.randint(4, 40, (3, 7))
     with torch.inference_mode():
         ref = torch.log_softmax(model(src, tgt), -1)
-        Q.quantize_int8(model)
-        out = torch.log_softmax(model(src, tgt), -1)
-    assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    n_int8 = sum(isinstance(m, Q.Int8Linear) for m in model.modules())
-    # per layer: 4 (+ 4 cross) attention projections, 1 fused self-attention QKV, 2 FFN; 1 output
-    assert n_int8 == 2 * (4 + 1 + 2) + 2 * (8 + 1 + 2) + 1
-    assert model.output_int8 is not None
+        prepared = prepare_for_inference(model, dtype=torch.int8)
+        q = prepared.model
+        memory, mask = q.encode(src)
+        out = torch.log_softmax(prepared.step_projection(q.decode(tgt, memory, mask, project=False)[0]), -1)
+        assert torch.equal(torch.log_softmax(model(src, tgt), -1), ref)  # the model itself is unchanged
+    assert not any(isinstance(m, nn.Linear) for m in q.modules())
+    assert sum(isinstance(m, nn.Linear) for m in model.modules()) == 2 * 6 + 2 * 10
+    n_int8 = sum(isinstance(m, Q.Int8Linear) for m in q.modules())
+    # per layer: 4 (+ 4 cross) attention projections, 1 fused self-attention QKV, 2 FFN
+    assert n_int8 == 2 * (4 + 1 + 2) + 2 * (8 + 1 + 2)
+    assert isinstance(prepared.step_projection, Q.Int8Linear)  # the output projection
     assert (out - ref).abs().max() < 0.1  # log-probabilities of a random model
     assert not torch.equal(out, ref)
 
 
 def test_quantized_cache_decoding_equals_recomputation() -> None:
-    model = Q.quantize_int8(_model(2))
+    model = prepare_for_inference(_model(2), dtype=torch.int8)
     src = torch.randint(4, 40, (4, 8))
     cfg = DecodeConfig(beam=3, max_len_a=0.0, max_len_b=6, min_len=6)
     with torch.inference_mode():
@@ -117,10 +122,14 @@ def test_quantized_cache_decoding_equals_recomputation() -> None:
 def test_quantized_model_is_inference_only() -> None:
     model = _model()
     with pytest.raises(ValueError, match="eval mode"):
-        Q.quantize_int8(model.train())
-    Q.quantize_int8(model.eval())
+        prepare_for_inference(model.train(), dtype=torch.int8)
+    with pytest.raises(ValueError, match="CPU"):
+        prepare_for_inference(model.eval(), device="meta", dtype=torch.int8)
+    prepared = prepare_for_inference(model, dtype=torch.int8)
     x = torch.randn(2, 32, requires_grad=True)
     with pytest.raises(RuntimeError, match="cannot be trained"):
-        model.encoder_layers[0].ffn.w_1(x)
+        prepared.model.encoder_layers[0].ffn.w_1(x)
+    with pytest.raises(RuntimeError, match="cannot be trained"):
+        prepared.step_projection(x)
     with pytest.raises(ValueError, match="unknown kernel"):
         Q.Int8Linear(torch.randn(3, 4), kernel="avx9")

@@ -15,7 +15,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig
+import torch
+
+from aiayn.checkpoint.io import resolve_checkpoint
+from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, apply_overrides
+from aiayn.data.prepare import split_text
+from aiayn.data.synthetic import generate
+from aiayn.errors import ConfigError
+from aiayn.evaluation.bleu import corpus_scores
+from aiayn.inference.translator import Translator
+from aiayn.recipes.train import run_training
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +88,8 @@ class DemoResult:
 
 
 def _held_out(cfg: Config, n: int) -> list[tuple[str, str]]:
-    from aiayn.data.synthetic import generate
-
     d = cfg.data
+    assert d.synthetic is not None, "held-out sequences exist for the built-in tasks only"
     train = set(generate(d.synthetic, d.synthetic_train_size, d.seed, d.synthetic_min_len,
                          d.synthetic_max_len, d.synthetic_vocab))
     pairs = generate(d.synthetic, 4 * n, HELD_OUT_SEED, d.synthetic_min_len, d.synthetic_max_len,
@@ -92,13 +100,10 @@ def _held_out(cfg: Config, n: int) -> list[tuple[str, str]]:
 
 def _draw_attention(translator, text: str, path: Path, title: str) -> Path:
     """Cross-attention of the last decoder layer, averaged over heads, for one sentence."""
-    from aiayn.viz.attention import plot_attention
+    from aiayn.viz.attention import plot_attention  # matplotlib: loaded only to draw
 
     hyp = translator.translate_detailed([text], nbest=1, attention=True)[0].hypotheses[0]
-    attn = hyp.attention  # (L, H, T, S)
-    import torch
-
-    attn = torch.as_tensor(attn, dtype=torch.float32)
+    attn = torch.as_tensor(hyp.attention, dtype=torch.float32)  # (L, H, T, S)
     weights = attn[-1].mean(dim=0)  # (T, S)
     return plot_attention(weights, hyp.src_pieces, hyp.tgt_pieces, path, title=title)
 
@@ -107,16 +112,9 @@ def run_demo(out_dir: str | Path = "runs/demo", dataset: str | None = None, data
              task: str = "reverse", n_examples: int = 5, n_held_out: int = 400,
              overrides: list[str] | None = None, echo=print) -> DemoResult:
     """Train, translate and report; ``echo`` prints the human-readable lines (the CLI's print)."""
-    from aiayn.checkpoint.io import resolve_checkpoint
-    from aiayn.config import apply_overrides
-    from aiayn.inference.translator import Translator
-    from aiayn.training.trainer import run_training
-
     out = Path(out_dir)
     cfg = multi30k_config(data_dir) if dataset == "multi30k" else synthetic_config(task)
     if dataset not in (None, "multi30k"):
-        from aiayn.errors import ConfigError
-
         raise ConfigError(f"--dataset: the demo knows 'multi30k' (or none, for the built-in task), not {dataset!r}")
     if overrides:
         cfg = apply_overrides(cfg, overrides)
@@ -133,20 +131,29 @@ def run_demo(out_dir: str | Path = "runs/demo", dataset: str | None = None, data
 
     translator = Translator.from_checkpoint(checkpoint)
     if dataset == "multi30k":
-        from aiayn.data.prepare import split_text
-        from aiayn.evaluation.bleu import corpus_scores
+        metric_name, metric, heatmap = _score_multi30k(translator, out, n_examples, echo)
+    else:
+        metric_name, metric, heatmap = _score_held_out(translator, cfg, task, out, n_examples, n_held_out, echo)
+    return DemoResult(out, checkpoint, heatmap, metric_name, metric, train_seconds)
 
-        src, ref = split_text(out / "data", "test")
-        hyps = translator.translate(src)
-        for s, r, h in list(zip(src, ref, hyps))[:n_examples]:
-            echo(f"  src: {s}\n  ref: {r}\n  hyp: {h}\n")
-        scores = corpus_scores(hyps, [ref])
-        heatmap = _draw_attention(translator, src[0], out / "attention.png", "cross-attention, last layer")
-        echo(f"sacreBLEU on test_2016_flickr ({len(src)} sentences): {scores['bleu']:.1f}  "
-             f"({scores['signature']})")
-        echo(f"attention heatmap of one example: {heatmap}")
-        return DemoResult(out, checkpoint, heatmap, "bleu", scores["bleu"], train_seconds)
 
+def _score_multi30k(translator: Translator, out: Path, n_examples: int, echo) -> tuple[str, float, Path]:
+    """sacreBLEU of the test set; a few examples and a heatmap."""
+    src, ref = split_text(out / "data", "test")
+    hyps = translator.translate(src)
+    for s, r, h in list(zip(src, ref, hyps))[:n_examples]:
+        echo(f"  src: {s}\n  ref: {r}\n  hyp: {h}\n")
+    scores = corpus_scores(hyps, [ref])
+    heatmap = _draw_attention(translator, src[0], out / "attention.png", "cross-attention, last layer")
+    echo(f"sacreBLEU on test_2016_flickr ({len(src)} sentences): {scores['bleu']:.1f}  "
+         f"({scores['signature']})")
+    echo(f"attention heatmap of one example: {heatmap}")
+    return "bleu", scores["bleu"], heatmap
+
+
+def _score_held_out(translator: Translator, cfg: Config, task: str, out: Path, n_examples: int,
+                    n_held_out: int, echo) -> tuple[str, float, Path]:
+    """Exact-match accuracy on held-out sequences of the built-in task; examples and a heatmap."""
     pairs = _held_out(cfg, n_held_out)
     hyps = translator.translate([s for s, _ in pairs])
     correct = sum(h == t for h, (_, t) in zip(hyps, pairs))
@@ -159,4 +166,4 @@ def run_demo(out_dir: str | Path = "runs/demo", dataset: str | None = None, data
     echo(f"\nattention heatmap of one example: {heatmap}")
     accuracy = 100.0 * correct / max(len(pairs), 1)
     echo(f"exact-match accuracy: {accuracy:.1f}%")
-    return DemoResult(out, checkpoint, heatmap, "exact_match", accuracy, train_seconds)
+    return "exact_match", accuracy, heatmap

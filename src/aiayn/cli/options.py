@@ -1,0 +1,100 @@
+"""Command-line options shared by the subcommands, each declared once.
+
+The decoding flags are generated from :class:`~aiayn.config.DecodeConfig`: one flag per
+field (``--max-len-a`` for ``max_len_a``), typed as the field, with the help text of its
+:class:`~aiayn.config.DecodeOption`. A decoding flag left out is None, which keeps the
+checkpoint's value; :func:`decode_overrides` collects the ones given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from typing import TYPE_CHECKING, Any
+
+from aiayn.config import INFERENCE_DTYPES, DecodeConfig, decode_options
+from aiayn.runtime import resolve_device
+
+if TYPE_CHECKING:  # torch is imported lazily: `aiayn --help` should not load it
+    import torch
+
+# argparse.ArgumentParser, or a group of one.
+Container = argparse._ActionsContainer
+
+DECODE_TITLE = ("decoding (default: the checkpoint's decode section; paper: beam 4, lenpen 0.6, "
+                "max length = 1 * source + 50)")
+CHECKPOINT_HELP = "checkpoint directory, run directory (its last checkpoint) or last/best pointer"
+DEVICE_HELP = "cpu | cuda | cuda:N | auto (default cpu)"
+DTYPE_HELP = ("fp32, bf16 (CPU or GPU), fp16 (GPU only) or int8 (CPU only: int8 weights and per-token int8 "
+              "inputs for every linear layer); default fp32")
+
+# The namespace attribute listing the decoding flags a subcommand has (see decode_overrides).
+_DECODE_FLAGS = "decode_flags"
+
+
+def add_decode_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None, *,
+                     title: str | None = DECODE_TITLE, notes: dict[str, str] | None = None) -> Container:
+    """One flag per :class:`DecodeConfig` field that has one (``names``: only these), in
+    declaration order, in a group titled ``title`` (None: on ``parser`` itself).
+
+    ``notes``: per field, a parenthesis appended to the help text, for a subcommand whose
+    defaults are not the checkpoint's (e.g. ``{"beam": "default 21"}``).
+    """
+    hints = typing.get_type_hints(DecodeConfig)
+    target: Container = parser.add_argument_group(title) if title else parser
+    added = []
+    for f, opt in decode_options():
+        if not opt.cli or (names is not None and f.name not in names):
+            continue
+        note = (notes or {}).get(f.name)
+        kwargs: dict[str, Any] = {"dest": f.name, "help": f"{opt.help} ({note})" if note else opt.help,
+                                  "default": f.default if opt.argument else None}
+        if hints[f.name] is bool:
+            kwargs["action"] = "store_true"  # default None: not given keeps the checkpoint's value
+        else:
+            kwargs.update(type=hints[f.name], choices=opt.choices)
+        target.add_argument(opt.flag or "--" + f.name.replace("_", "-"), **kwargs)
+        added.append(f.name)
+    parser.set_defaults(**{_DECODE_FLAGS: tuple(added)})
+    return target
+
+
+def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoding flags given on the command line, as :meth:`DecodeConfig.with_overrides`
+    takes them. Per-call arguments (``--nbest``) are left out: they are passed on their own."""
+    argument = {f.name for f, opt in decode_options() if opt.argument}
+    names = getattr(args, _DECODE_FLAGS, ())
+    return {n: getattr(args, n) for n in names if n not in argument and getattr(args, n) is not None}
+
+
+def add_checkpoint(container: Container, *, several: bool = True, required: bool = True,
+                   purpose: str | None = None) -> None:
+    """``--checkpoint PATH`` (``several``: one or more, their weights averaged)."""
+    text = f"{purpose}: {CHECKPOINT_HELP}" if purpose else CHECKPOINT_HELP
+    if several:
+        text += "; several paths: their weights are averaged"
+    container.add_argument("--checkpoint", required=required, nargs="+" if several else None, metavar="PATH",
+                           help=text)
+
+
+def add_ctranslate2(container: Container) -> None:
+    """``--ctranslate2 DIR``: a CTranslate2 export instead of a checkpoint."""
+    container.add_argument("--ctranslate2", metavar="DIR",
+                           help="a model exported with 'aiayn export ctranslate2' (needs the 'interop' extra)")
+
+
+def add_device_flags(container: Container) -> None:
+    """``--device`` (resolve it with :func:`device`) and the inference ``--dtype``."""
+    container.add_argument("--device", default="cpu", help=DEVICE_HELP)
+    container.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help=DTYPE_HELP)
+
+
+def add_on_invalid_utf8(container: Container) -> None:
+    container.add_argument("--on-invalid-utf8", choices=("error", "replace"), default="error",
+                           help="invalid UTF-8 input: an error naming the line (default), or replace with U+FFFD")
+
+
+def device(args: argparse.Namespace) -> torch.device:
+    """The parsed ``--device``, resolved (``auto``: CUDA when there is a GPU); a device that
+    does not exist here is a :class:`~aiayn.errors.ConfigError` naming ``--device``."""
+    return resolve_device(args.device, field="--device")

@@ -1,0 +1,232 @@
+"""The training recipe: one run of ``aiayn train`` (also under torchrun), wired from its parts.
+
+The building blocks know nothing of each other: the data (aiayn.data), the model
+(aiayn.model), the trainer and its stopping rules and validation (aiayn.training), and the
+validation BLEU, which decodes with aiayn.inference and scores with aiayn.evaluation. This
+module builds them in order, hands each one what it needs, and runs the trainer: the run
+directory and its log file, the process group, the prepared data, the vocabulary sizes, the
+model and optimizer, and the resume point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from aiayn.checkpoint import io as ckpt_io
+from aiayn.config import Config, DecodeConfig, save_config
+from aiayn.data.batching import BatchIterator
+from aiayn.data.prepare import ensure_prepared, load_split, load_tokenizer, split_text
+from aiayn.errors import AiaynError, ConfigError
+from aiayn.evaluation.bleu import corpus_bleu
+from aiayn.inference.translator import Translator
+from aiayn.model import Transformer, build_model
+from aiayn.training.distributed import DistInfo, barrier, cleanup, init_distributed
+from aiayn.training.optim import build_optimizer
+from aiayn.training.trainer import Trainer
+from aiayn.training.validation import BleuFn
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def default_run_dir(config_path: str | Path | None) -> Path:
+    """``runs/<config file stem>`` when no --run-dir is given."""
+    return Path("runs") / (Path(config_path).stem if config_path else "run")
+
+
+# ------------------------------------------------------------------ data
+
+
+@dataclass
+class RunData:
+    """The prepared data as this process sees it (validation on the main process only)."""
+
+    prepared: Path
+    tokenizer: Any
+    train: BatchIterator  # this process's shard
+    valid: list[Any] | None = None  # validation batches
+    valid_text: tuple[list[str], list[str]] | None = None  # (sources, references), for BLEU
+
+
+def build_data(cfg: Config, run_dir: Path, info: DistInfo) -> RunData:
+    """Prepared data for this process: tokenizer, sharded training batches, validation."""
+    if cfg.data.prepared_dir:
+        prepared = Path(cfg.data.prepared_dir)
+    else:
+        # The main process prepares (tokenizer training, binarizing); the others wait,
+        # then find it ready.
+        if info.is_main:
+            prepared = ensure_prepared(cfg.data, run_dir / "data")
+        barrier(info)
+        if not info.is_main:
+            prepared = ensure_prepared(cfg.data, run_dir / "data")
+    tokenizer = load_tokenizer(prepared)
+    train = BatchIterator(load_split(prepared, "train"), cfg.train.max_tokens, seed=cfg.train.seed,
+                          shuffle=True, num_shards=info.world_size, shard_id=info.rank)
+    data = RunData(prepared, tokenizer, train)
+    if info.is_main:
+        _add_validation(data, cfg)
+    return data
+
+
+def _add_validation(data: RunData, cfg: Config) -> None:
+    try:
+        valid_ds = load_split(data.prepared, "valid")
+    except (AiaynError, FileNotFoundError) as exc:
+        log.warning("no validation set (%s): validation skipped", exc)
+        return
+    it = BatchIterator(valid_ds, cfg.train.max_tokens, shuffle=False)
+    data.valid = [it.make_batch(idx) for idx in it.epoch_batches(1)]
+    if cfg.train.valid_bleu:
+        try:
+            data.valid_text = split_text(data.prepared, "valid")
+        except (AiaynError, FileNotFoundError) as exc:
+            log.warning("validation text unavailable (%s): no validation BLEU", exc)
+
+
+def match_vocab(cfg: Config, tokenizer: Any) -> Config:
+    """The model's vocabulary sizes follow the tokenizer's, as fairseq's follow its dictionary."""
+    src, tgt = int(tokenizer.src_vocab_size), int(tokenizer.tgt_vocab_size)
+    m = cfg.model
+    if (m.src_vocab_size, m.tgt_vocab_size) != (src, tgt):
+        log.info("model vocabulary sizes set from the tokenizer: source %d, target %d", src, tgt)
+        m.src_vocab_size, m.tgt_vocab_size = src, tgt
+    if m.share_embeddings == "all" and src != tgt:
+        raise ConfigError(
+            f"model.share_embeddings: 'all' needs one shared vocabulary, but the tokenizer has "
+            f"{src} source and {tgt} target pieces (set data.joint_vocab: true, or "
+            "model.share_embeddings: decoder)")
+    m.validate()
+    return cfg
+
+
+# ------------------------------------------------------------------ validation BLEU
+
+
+def validation_bleu(text: tuple[list[str], list[str]] | None, tokenizer: Any, decode: DecodeConfig,
+                    device: torch.device) -> BleuFn:
+    """The trainer's BLEU scorer: beam search (``decode``) over the validation sources with
+    the model as it is now, scored with sacreBLEU against the references."""
+
+    def bleu(model: Transformer) -> float | None:
+        if text is None or tokenizer is None:
+            log.info("valid_bleu: no validation text or tokenizer; BLEU skipped")
+            return None
+        src, ref = text
+        # A new translator each time: it prepares its own copies of the weights, which
+        # would go stale as training updates them.
+        translator = Translator(model, tokenizer, decode, device=device)
+        return float(corpus_bleu(translator.translate(list(src)), list(ref)))
+
+    return bleu
+
+
+# ------------------------------------------------------------------ the run
+
+
+def _setup_file_logging(run_dir: Path) -> logging.Handler:
+    handler = logging.FileHandler(run_dir / "train.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("aiayn").addHandler(handler)
+    if logging.getLogger("aiayn").getEffectiveLevel() > logging.INFO:
+        logging.getLogger("aiayn").setLevel(logging.INFO)
+    return handler
+
+
+def _resume_point(run_dir: Path, resume: str | Path | None, keep_last: int, info: DistInfo) -> Path | None:
+    """The checkpoint to continue from: ``resume``, else the run directory's last one (a
+    run started again with the same command continues); incomplete saves are cleaned."""
+    manager = ckpt_io.CheckpointManager(run_dir, keep_last)
+    if info.is_main:
+        manager.clean_incomplete()
+    if resume is not None:
+        return ckpt_io.resolve_checkpoint(resume)
+    last = manager.last()
+    if last is not None and info.is_main:
+        log.info("%s has a checkpoint: resuming from %s", run_dir, last)
+    return last
+
+
+def _build_model(cfg: Config, resume_from: Path | None, info: DistInfo) -> Transformer:
+    """The model, initialised from ``train.init_from`` in a fresh run."""
+    # Same seed on every process: identical initial weights (DDP also broadcasts them).
+    seed_everything(cfg.train.seed)
+    model = build_model(cfg.model)
+    if cfg.train.init_from and resume_from is None:
+        src = ckpt_io.resolve_checkpoint(cfg.train.init_from)
+        ckpt_io.verify_checkpoint(src)
+        ckpt_io.load_model_weights(model, src / ckpt_io.MODEL_FILE)
+        log.info("initialised weights from %s", src)
+    if info.enabled:
+        # Different dropout masks per process; the data already differ by shard.
+        torch.manual_seed(cfg.train.seed + 1000003 * info.rank)
+    return model
+
+
+def build_trainer(cfg: Config, run_dir: Path, info: DistInfo, device: torch.device,
+                  resume_from: Path | None) -> Trainer:
+    """Data, model, optimizer and validation for ``cfg``, in a trainer at ``resume_from``'s
+    position (or at the start); the resolved config is saved in the run directory."""
+    seed_everything(cfg.train.seed)
+    data = build_data(cfg, run_dir, info)
+    cfg = match_vocab(cfg, data.tokenizer)
+    model = _build_model(cfg, resume_from, info).to(device)
+    optimizer = build_optimizer(model, cfg.train, device)
+    bleu = validation_bleu(data.valid_text, data.tokenizer, cfg.decode, device) if cfg.train.valid_bleu else None
+    trainer = Trainer(cfg, model, run_dir, train_batches=data.train, valid_batches=data.valid,
+                      tokenizer=data.tokenizer, device=device, dist_info=info, optimizer=optimizer, bleu=bleu)
+    if resume_from is not None:
+        trainer.load(resume_from)
+        trainer.metrics.truncate_after(trainer.state.step)
+    if info.is_main:
+        save_config(cfg, run_dir / "config.yaml")
+    return trainer
+
+
+def _check_fp16(cfg: Config) -> None:
+    # Before the process group exists: a user error, not a crash of every rank.
+    if cfg.train.dtype == "fp16" and not (cfg.train.device != "cpu" and torch.cuda.is_available()):
+        raise ConfigError("train.dtype: fp16 needs a CUDA device (it relies on a gradient "
+                          "scaler); use bf16 on CPU")
+
+
+def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
+    """Train ``cfg`` in ``run_dir``: fresh, or resumed from ``resume`` / the run directory's
+    last checkpoint. The entry point of ``aiayn train`` (also under torchrun)."""
+    threads = os.environ.get("AIAYN_NUM_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    _check_fp16(cfg)
+    info, device = init_distributed(cfg.train.device)
+    run_dir = Path(run_dir)
+    handler = None
+    try:
+        if info.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handler = _setup_file_logging(run_dir)
+        else:
+            logging.getLogger("aiayn").setLevel(logging.WARNING)
+        barrier(info)
+        resume_from = _resume_point(run_dir, resume, cfg.train.keep_last, info)
+        summary = build_trainer(cfg, run_dir, info, device, resume_from).train()
+        barrier(info)
+        return summary
+    finally:
+        if handler is not None:
+            logging.getLogger("aiayn").removeHandler(handler)
+            handler.close()
+        cleanup()

@@ -1,0 +1,60 @@
+"""Putting a run back where a checkpoint left it: weights, optimizer, gradient scaler, data
+position and RNG states, and the :class:`~aiayn.training.state.TrainerState` it carries."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.checkpoint import io as ckpt_io
+from aiayn.config import ModelConfig, to_dict
+from aiayn.errors import CheckpointError
+from aiayn.training.distributed import DistInfo
+from aiayn.training.state import TrainerState, reshard_position
+
+log = logging.getLogger(__name__)
+
+
+def restore(path: str | Path, *, model: nn.Module, model_cfg: ModelConfig, optimizer: torch.optim.Optimizer,
+            scaler: torch.amp.GradScaler, batches: Any, dist: DistInfo, device: torch.device) -> TrainerState:
+    """Load the checkpoint at ``path`` (a checkpoint or run directory) into these components;
+    the trainer state it holds. ``batches`` (the training iterator) may be None."""
+    path = ckpt_io.resolve_checkpoint(path)
+    ckpt_io.verify_checkpoint(path)
+    _check_same_model(ckpt_io.load_checkpoint_config(path).model, model_cfg, path)
+    state = TrainerState.from_json(ckpt_io.read_state(path))
+    ckpt_io.load_model_weights(model, path / ckpt_io.MODEL_FILE)
+    ckpt_io.restore_optimizer(optimizer, ckpt_io.load_optimizer_state(path))
+    if state.scaler and scaler.is_enabled():
+        scaler.load_state_dict(state.scaler)
+    if batches is not None and state.data is not None:
+        batches.load_state_dict(reshard_position(state.data, state.world_size, dist.world_size, len(batches)))
+    # Last: building the model and optimizer consumed random numbers.
+    ckpt_io.restore_rng_state(_rng_of_this_rank(state, dist, path), device)
+    log.info("resumed from %s at step %d (epoch %s)", path, state.step, state.epoch)
+    return state
+
+
+def _rng_of_this_rank(state: TrainerState, dist: DistInfo, path: Path) -> dict[str, Any]:
+    rng = state.rng
+    if dist.enabled:
+        if state.rng_per_rank and len(state.rng_per_rank) == dist.world_size:
+            rng = state.rng_per_rank[dist.rank]
+        else:
+            log.warning("checkpoint was written by %s process(es), this run has %d: random streams "
+                        "(dropout) will differ from an uninterrupted run", state.world_size, dist.world_size)
+    if rng is None:
+        raise CheckpointError(f"{path / ckpt_io.STATE_FILE}: no RNG state; not a training checkpoint")
+    return rng
+
+
+def _check_same_model(saved: ModelConfig, current: ModelConfig, path: Path) -> None:
+    a, b = to_dict(saved), to_dict(current)
+    diff = [f"model.{k}: checkpoint {a[k]!r}, config {b[k]!r}" for k in a if a.get(k) != b.get(k)]
+    if diff:
+        raise CheckpointError(f"{path}: the checkpoint's model differs from the configuration "
+                              f"({'; '.join(diff)}); use a new run directory for a different model")
