@@ -34,7 +34,7 @@ import os
 import secrets
 import shutil
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +158,39 @@ def check_empty_dir(path: str | os.PathLike, force: bool = False,
     if path.is_dir() and any(path.iterdir()) and not force:
         raise error(f"{path}: directory exists and is not empty (use --force to replace it)")
     return path
+
+
+def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = (),
+                      flag: str = "--output") -> Path:
+    """``path`` as a Path, if a file may be written there: not a directory, not one of
+    ``inputs`` (the same file under any name), and its folder accepts a new file (probed by
+    creating and removing a temporary, so the check fails before any work is done)."""
+    path = Path(path)
+    if path.is_dir():
+        raise AiaynError(f"{flag} {path}: is a directory")
+    for inp in inputs:
+        if inp is not None and path.exists() and Path(inp).exists() and os.path.samefile(path, inp):
+            raise AiaynError(f"{flag} {path}: is also an input ({inp}); write to another file")
+    if not path.parent.is_dir():
+        raise AiaynError(f"{flag} {path}: directory {path.parent} does not exist")
+    try:
+        _create_unique(path.parent, temp_prefix(path), _create_file).unlink()
+    except OSError as exc:
+        raise AiaynError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return path
+
+
+def check_not_inside(out: str | os.PathLike, inputs: Sequence[str | os.PathLike],
+                     flag: str = "--out") -> Path:
+    """``out`` as a Path, if replacing that directory cannot destroy an input: no input is
+    ``out`` itself or lies inside it."""
+    out = Path(out)
+    target = out.resolve()
+    for inp in inputs:
+        resolved = Path(inp).resolve()
+        if resolved == target or target in resolved.parents:
+            raise AiaynError(f"{flag} {out}: would replace the input {inp}; write to another directory")
+    return out
 
 
 def make_temp_dir(final: str | os.PathLike, prefix: str | None = None) -> Path:

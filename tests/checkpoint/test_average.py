@@ -52,3 +52,44 @@ def test_average_rejects_different_models(tmp_path, make_cfg):
     b = ck.save_checkpoint(tmp_path / "b", _constant_model(other, 1.0), other)
     with pytest.raises(CheckpointError, match="different model"):
         average_checkpoints([a, b], tmp_path / "avg")
+
+
+def _tree_bytes(root) -> dict:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["run", "parent", "checkpoint"])
+def test_average_never_replaces_a_directory_holding_its_inputs(tmp_path, make_cfg, capsys, monkeypatch, where):
+    """Regression: `aiayn average RUN --last 2 --out RUN` (or `--out .`) used to replace the
+    run directory, checkpoints and all, with the averaged checkpoint."""
+    cfg = make_cfg()
+    mgr = ck.CheckpointManager(tmp_path / "run", keep_last=10)
+    for step in (1, 2):
+        mgr.save(step, _constant_model(cfg, float(step)), cfg, state={"step": step})
+    before = _tree_bytes(tmp_path)
+    out = {"run": tmp_path / "run", "parent": tmp_path, "checkpoint": mgr.last()}[where]
+    for force in ([], ["--force"]):
+        with pytest.raises(SystemExit) as exc:
+            main(["average", str(tmp_path / "run"), "--last", "2", "--out", str(out), *force])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "would replace the input" in err and "Traceback" not in err
+    assert _tree_bytes(tmp_path) == before
+
+
+def test_average_refuses_a_non_empty_output_without_force(tmp_path, make_cfg, capsys):
+    cfg = make_cfg()
+    mgr = ck.CheckpointManager(tmp_path / "run", keep_last=10)
+    for step in (1, 2):
+        mgr.save(step, _constant_model(cfg, float(step)), cfg, state={"step": step})
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as exc:
+        main(["average", str(tmp_path / "run"), "--last", "2", "--out", str(other)])
+    assert exc.value.code == 2 and "not empty (use --force" in capsys.readouterr().err
+    assert (other / "notes.txt").read_text() == "keep me"
+    with pytest.raises(SystemExit) as exc:
+        main(["average", str(tmp_path / "run"), "--last", "2", "--out", str(other), "--force"])
+    assert exc.value.code == 0
+    assert not (other / "notes.txt").exists() and ck.is_checkpoint_dir(other)

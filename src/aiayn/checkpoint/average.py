@@ -14,6 +14,7 @@ import torch
 from aiayn.checkpoint import io as ckpt_io
 from aiayn.config import Config, to_dict
 from aiayn.errors import CheckpointError
+from aiayn.model import build_model
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,6 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
     The configuration and tokenizer come from the last checkpoint; all must describe the
     same model. The result has no optimizer state (it is for decoding, or ``init_from``).
     """
-    from aiayn.model import build_model
 
     if not paths:
         raise CheckpointError("no checkpoints to average")

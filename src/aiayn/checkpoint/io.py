@@ -37,7 +37,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,10 +48,8 @@ from torch import Tensor, nn
 from aiayn.config import Config, dump_config, load_config
 from aiayn.errors import AiaynError, CheckpointError
 from aiayn.fileio import atomic_dir, write_atomic
-
-if TYPE_CHECKING:
-    from aiayn.model import Transformer
-    from aiayn.text.tokenizer import Tokenizer
+from aiayn.model import Transformer, build_model
+from aiayn.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -442,11 +440,6 @@ def load_checkpoint_config(path: str | Path) -> Config:
 def load_tokenizer_dir(directory: Path) -> Tokenizer | None:
     if not directory.is_dir():
         return None
-    try:
-        from aiayn.text.tokenizer import Tokenizer
-    except ImportError:  # pragma: no cover - the text package is part of aiayn
-        log.warning("aiayn.text.tokenizer not available: %s not loaded", directory)
-        return None
     return Tokenizer.load(directory)
 
 
@@ -467,7 +460,6 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
 
     ``path`` is anything :func:`resolve_checkpoint` accepts. Nothing is unpickled.
     """
-    from aiayn.model import build_model
 
     ckpt = resolve_checkpoint(path)
     if verify:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from aiayn import fileio
 from aiayn.errors import CheckpointError
 
 
@@ -17,7 +18,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a run directory (with --last), or checkpoint directories")
     p.add_argument("--last", type=int, default=None, metavar="N",
                    help="average the newest N checkpoints of the run directory")
-    p.add_argument("--out", required=True, metavar="DIR", help="output checkpoint directory")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="output checkpoint directory (new or empty; never one that holds an input)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")
     p.set_defaults(func=run)
 
 
@@ -33,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
             raise CheckpointError(f"{args.inputs[0]}: give --last N with a run directory, or two "
                                   "or more checkpoint directories")
         paths = list(args.inputs)
+    fileio.check_not_inside(args.out, [args.inputs[0], *paths] if args.last is not None else paths)
+    fileio.check_empty_dir(args.out, args.force)
     out = average_checkpoints(paths, args.out)
     print(f"averaged {len(paths)} checkpoints -> {out}")
     for p in paths:

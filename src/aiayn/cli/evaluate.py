@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aiayn import fileio
 from aiayn.cli import options
 from aiayn.errors import AiaynError
 
@@ -72,6 +73,8 @@ def _check_args(args: argparse.Namespace) -> None:
             raise AiaynError("--dataset brings its own references; drop --ref")
     if args.width < 0:
         raise AiaynError("--width: must not be negative")
+    if args.output:  # checked before the translation, so a bad path costs nothing
+        fileio.check_output_file(args.output, [args.input, args.hyp, *(args.ref or [])], "--output")
 
 
 def _dataset_text(args: argparse.Namespace, src: str, tgt: str) -> tuple[list[str], list[str], str]:
@@ -119,7 +122,7 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
         results = translator.translate_detailed(sources, nbest=1, progress=bar.update, **overrides)
     hyps = [r.hypotheses[0].text.replace("\n", " ") if r.hypotheses else "" for r in results]
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        fileio.write_atomic(args.output, "".join(h + "\n" for h in hyps), durable=False)
     return hyps, streams, what, tgt
 
 

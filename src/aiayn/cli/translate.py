@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -114,25 +115,29 @@ def format_result(result: Any, lineno: int, nbest: int, fmt: str, scores: bool) 
 
 
 class _Writer:
-    def __init__(self, target: str) -> None:
+    """Standard output, streamed line by line; or a file, written under a temporary name and
+    renamed into place only when every line is translated (a failed or interrupted run
+    leaves the file as it was)."""
+
+    def __init__(self, target: str, inputs: list[str]) -> None:
+        self._stack = contextlib.ExitStack()
         if target == "-":
             self.f: IO[bytes] = sys.stdout.buffer
-            self.close_it = False
         else:
-            path = Path(target)
-            if path.parent and not path.parent.exists():
-                raise AiaynError(f"--output {target}: directory {path.parent} does not exist")
-            self.f = open(path, "wb")
-            self.close_it = True
+            path = fileio.check_output_file(target, [i for i in inputs if i != "-"], "--output")
+            self.f = self._stack.enter_context(fileio.atomic_file(path, "wb", durable=False))
 
     def write(self, lines: list[str]) -> None:
         if lines:
             self.f.write(("\n".join(lines) + "\n").encode("utf-8"))
             self.f.flush()
 
-    def close(self) -> None:
-        if self.close_it:
-            self.f.close()
+    def close(self, ok: bool) -> None:
+        """Put the file in place (``ok``) or drop it."""
+        if ok:
+            self._stack.close()
+        else:
+            self._stack.__exit__(RuntimeError, RuntimeError("translation failed"), None)
 
 
 # ----------------------------------------------------------------------------- run
@@ -151,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     lines = None if from_stdin else read_file_lines(Path(args.input), args.on_invalid_utf8)
     translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
     cfg = translator.decode_config(**overrides, nbest=args.nbest)  # fail on bad options before any output
-    writer = _Writer(args.output)
+    writer = _Writer(args.output, [args.input])
     start = time.perf_counter()
     done = 0
 
@@ -183,8 +188,10 @@ def run(args: argparse.Namespace) -> int:
                 raise
             if buffer:
                 translate(buffer, first)
-    finally:
-        writer.close()
+    except BaseException:
+        writer.close(ok=False)
+        raise
+    writer.close(ok=True)
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

@@ -36,12 +36,10 @@ from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.prepare import prepare_for_inference
 from aiayn.inference.search import SearchHypothesis, search
 from aiayn.model import Transformer, count_parameters
+from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
 from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"fp32": None, "float32": None, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-          "fp16": torch.float16, "float16": torch.float16}
 
 # How bf16 runs: "cast" converts the weights (of the inference copy); "autocast" keeps fp32
 # weights and lets torch.autocast pick per op. On the 2-core CPU of
@@ -78,15 +76,6 @@ class TranslationResult:
         return self.hypotheses[0]
 
 
-def resolve_device(device: str | torch.device) -> torch.device:
-    if str(device) == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {device}: CUDA is not available on this machine")
-    return dev
-
-
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     """'fp32' and 'int8' -> None (float32 weights; int8 quantizes them afterwards),
     'bf16' -> torch.bfloat16, 'fp16' (GPU only)."""
@@ -94,9 +83,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
         if device.type != "cpu":
             raise ConfigError(f"--dtype int8 is a CPU path (oneDNN int8 matmuls); on {device} use fp16 or bf16")
         return None
-    if dtype not in DTYPES:
+    if dtype not in TORCH_DTYPES:
         raise ConfigError(f"--dtype {dtype}: choose from {', '.join(INFERENCE_DTYPES)}")
-    out = DTYPES[dtype]
+    out = torch_dtype(dtype)
     if out is torch.float16 and device.type != "cuda":
         raise ConfigError("--dtype fp16 needs a CUDA device; use bf16 on the CPU")
     return out

@@ -49,12 +49,14 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint, save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
 from aiayn.fileio import atomic_dir
 from aiayn.interop import spm_proto
 from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
 from aiayn.model import Transformer, build_model
+from aiayn.model.embeddings import sinusoid_table
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
 
@@ -329,7 +331,6 @@ def save_hf_dir(model: Transformer, cfg: Config, tokenizer: Tokenizer, out: Path
 
 def _check_positions(hf_model: Any, cfg: ModelConfig) -> None:
     # HF builds its sinusoid table itself; it must be aiayn's concat table.
-    from aiayn.model.embeddings import sinusoid_table
 
     ours = sinusoid_table(cfg.max_positions, cfg.d_model, "concat")
     theirs = hf_model.model.encoder.embed_positions.weight.detach().float()
@@ -339,7 +340,6 @@ def _check_positions(hf_model: Any, cfg: ModelConfig) -> None:
 
 
 def load_for_export(checkpoint: str | os.PathLike) -> tuple[Transformer, Config, Tokenizer]:
-    from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint
 
     # Check the architecture before loading weights: the error should be about the model.
     check_exportable(load_checkpoint_config(resolve_checkpoint(checkpoint)).model)
@@ -654,7 +654,6 @@ def _id(vocab: dict[str, int], name: str, hf_dir: Path) -> int:
 
 def import_hf(hf_dir: str | os.PathLike, out_checkpoint: str | os.PathLike, force: bool = False) -> Path:
     """``aiayn import hf``: convert a local MarianMT directory into an aiayn checkpoint."""
-    from aiayn.checkpoint.io import save_checkpoint
 
     out = Path(out_checkpoint)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:

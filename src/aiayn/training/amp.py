@@ -15,9 +15,6 @@ import torch
 
 from aiayn.errors import ConfigError
 
-# train.dtype (resolved) -> the autocast dtype (None: no autocast).
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def check_fp16_device(dtype: str, device: torch.device) -> None:
     if dtype == "fp16" and device.type != "cuda":

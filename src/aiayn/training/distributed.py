@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aiayn.errors import ConfigError
+from aiayn.runtime import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +37,12 @@ class DistInfo:
         return self.rank == 0
 
 
-def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
-    """``auto`` -> CUDA if available, else CPU; ``cuda`` without a GPU is a config error."""
-    if preference == "cuda" or (preference == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device: 'cuda' requested but no CUDA device is available")
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
-
-
 def init_distributed(device_preference: str) -> tuple[DistInfo, torch.device]:
     """Join the torchrun process group if there is one; the device this rank uses."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(device_preference, local)
+    device = resolve_device(device_preference, local, field="train.device")
     if world <= 1:
         return DistInfo(), device
     if not dist.is_initialized():

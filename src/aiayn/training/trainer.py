@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.checkpoint import io as ckpt_io
 from aiayn.config import Config, TrainConfig
-from aiayn.runtime import resolve_train_dtype
+from aiayn.runtime import resolve_train_dtype, torch_dtype
 from aiayn.training import amp, resume
 from aiayn.training.distributed import DistInfo, all_gather_json, all_reduce_sum
 from aiayn.training.groups import UpdateGroups, epoch_progress
@@ -97,7 +97,7 @@ class Trainer:
         self.tokenizer = tokenizer
         # The precision in effect: train.dtype with "auto" resolved for this device.
         self.dtype = resolve_train_dtype(self.tc.dtype, self.device)
-        self.amp_dtype = amp.DTYPES[self.dtype]
+        self.amp_dtype = torch_dtype(self.dtype)  # None: no autocast
         amp.check_fp16_device(self.dtype, self.device)
         self.model = model.to(self.device)
         self.optimizer = optimizer if optimizer is not None else build_optimizer(self.model, self.tc, self.device)
