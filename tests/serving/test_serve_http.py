@@ -144,6 +144,13 @@ ERROR_CASES = {
     "text_too_long": ({"texts": ["a b", LONG_TEXT]}, None, 422, "text_too_long"),
     "body_too_large": ({"texts": ["x" * (MAX_BODY_BYTES + 10)]}, None, 413, "body_too_large"),
     "not_json_content_type": (b'{"texts": ["a"]}', "text/plain", 415, "unsupported_media"),
+    # Regressions (reliability issue): each gave a 500 with a traceback, 400 http_400 or 422.
+    "lone_surrogate": (b'{"texts": ["s1 \\ud800"]}', "application/json", 400, "malformed_json"),
+    "invalid_utf8": (b'{"texts": ["a \xff b"]}', "application/json", 400, "malformed_json"),
+    "deeply_nested": (b'{"texts": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", "application/json", 400,
+                      "malformed_json"),
+    "no_content_type": (b'{"texts": ["a"]}', "", 415, "unsupported_media"),
+    "odd_content_type": (b'{"texts": ["a"]}', "application/x-www-form-urlencoded", 415, "unsupported_media"),
 }
 
 
@@ -151,8 +158,8 @@ ERROR_CASES = {
 def test_error_cases(server, case: str) -> None:
     payload, ctype, status, code = ERROR_CASES[case]
     if isinstance(payload, bytes):
-        r = httpx.post(f"{server.url}/v1/translate", content=payload, headers={"Content-Type": ctype},
-                       timeout=TIMEOUT)
+        headers = {"Content-Type": ctype} if ctype else {}
+        r = httpx.post(f"{server.url}/v1/translate", content=payload, headers=headers, timeout=TIMEOUT)
     else:
         r = post(server, payload)
     assert r.status_code == status, r.text
@@ -160,6 +167,22 @@ def test_error_cases(server, case: str) -> None:
     body = r.json()
     assert body["error"] == code
     assert isinstance(body["message"], str) and body["message"]
+
+
+def test_a_bad_body_leaves_the_connection_usable(server, sentences: list[str]) -> None:
+    """Regression: after a lone surrogate the client's next request on the same keep-alive
+    connection was reset."""
+    with httpx.Client(timeout=TIMEOUT) as client:
+        bad = client.post(f"{server.url}/v1/translate", content=b'{"texts": ["s1 \\ud800"]}',
+                          headers={"Content-Type": "application/json"})
+        assert bad.status_code == 400 and "surrogate" in bad.json()["message"]
+        good = client.post(f"{server.url}/v1/translate", json={"texts": sentences[:1]})
+        assert good.status_code == 200
+
+
+def test_head_health(server) -> None:
+    r = httpx.head(f"{server.url}/health", timeout=TIMEOUT)
+    assert r.status_code == 200 and r.content == b""
 
 
 def test_error_messages_name_the_field(server) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -189,6 +190,10 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        problem = json_body_problem(headers.get(b"content-type"), body) if scope["path"] in JSON_PATHS else None
+        if problem is not None:
+            await self._reject(problem, scope, receive, send, close=False)
+            return
         sent = False
 
         async def replay() -> Message:
@@ -200,11 +205,40 @@ class BodyLimitMiddleware:
 
         await self.app(scope, replay, send)
 
-    async def _reject(self, err: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _reject(self, err: APIError, scope: Scope, receive: Receive, send: Send, close: bool = True) -> None:
         response = error_response(err, self.metrics)
-        # The client is told to close: the rest of its body is not read.
-        response.headers["connection"] = "close"
+        if close:  # the rest of the body was not read: the client must not reuse the connection
+            response.headers["connection"] = "close"
         await response(scope, receive, send)
+
+
+# Endpoints whose body is JSON, checked before FastAPI parses it.
+JSON_PATHS = frozenset({"/v1/translate"})
+
+
+def json_body_problem(content_type: bytes | None, body: bytes) -> APIError | None:
+    """What is wrong with a JSON request body, or None: FastAPI would answer these with a
+    422, a 400 ``http_400`` or, for a lone UTF-16 surrogate (valid JSON, but no text), a 500."""
+    ctype = (content_type or b"").decode("latin-1").split(";")[0].strip().lower()
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        return APIError(415, "unsupported_media",
+                        f"expected Content-Type application/json, got {ctype or 'none'}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return APIError(400, "malformed_json", f"request body is not valid UTF-8 (byte {exc.start})")
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return APIError(400, "malformed_json", f"request body is not valid JSON: {exc.msg} at byte {exc.pos}")
+    except RecursionError:
+        return APIError(400, "malformed_json", "request body is not valid JSON: nested too deeply")
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return APIError(400, "malformed_json", "request body has a string with an unpaired UTF-16 surrogate "
+                                               f"({exc.object[exc.start:exc.end]!a}); send valid Unicode text")
+    return None
 
 
 class MetricsMiddleware:
@@ -463,7 +497,7 @@ def add_routes(app: FastAPI, service: TranslationService, metrics: ServerMetrics
     async def model_info() -> dict[str, Any]:
         return service.model_info()
 
-    @app.get("/health", summary="Liveness", tags=["ops"])
+    @app.api_route("/health", methods=["GET", "HEAD"], summary="Liveness", tags=["ops"])
     async def health() -> JSONResponse:
         if service.closing:
             return JSONResponse({"status": "shutting_down"}, status_code=503)
