@@ -147,3 +147,17 @@ def test_decode_with_overrides() -> None:
         base.with_overrides(beam=2, nbest=3)
     with pytest.raises(ConfigError, match=r"decode\.lenpen_style: 'x' is not one of gnmt, fairseq"):
         base.with_overrides(lenpen_style="x")
+
+
+@pytest.mark.parametrize("section, field, value", [
+    ("decode", "lenpen", float("nan")), ("decode", "max_len_a", float("inf")),
+    ("train", "lr", float("nan")), ("model", "dropout", float("-inf")),
+])
+def test_non_finite_numbers_are_refused(section: str, field: str, value: float) -> None:
+    """Regression: `--lenpen nan` was accepted and decoded silently."""
+    cfg = Config()
+    setattr(getattr(cfg, section), field, value)
+    with pytest.raises(ConfigError, match=rf"^{section}\.{field}: must be a finite number"):
+        cfg.validate()
+    with pytest.raises(ConfigError, match=rf"^{section}\.{field}: must be a finite number"):
+        apply_overrides(Config(), [f"{section}.{field}=.nan"] if value != value else [f"{section}.{field}={value}"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -67,6 +68,7 @@ class ModelConfig:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
 
     def validate(self, prefix: str = "model") -> None:
+        _check_finite(self, prefix)
         self._validate_sizes(prefix)
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             p = getattr(self, name)
@@ -190,6 +192,7 @@ class DataConfig:
     on_invalid_utf8: str = "error"  # error | replace | skip
 
     def validate(self, prefix: str = "data") -> None:
+        _check_finite(self, prefix)
         if self.vocab_size < 8:
             raise ConfigError(f"{prefix}.vocab_size: must be at least 8, got {self.vocab_size}")
         if not 0.0 < self.character_coverage <= 1.0:
@@ -264,6 +267,7 @@ class TrainConfig:
     progress_bar: bool = True
 
     def validate(self, prefix: str = "train") -> None:
+        _check_finite(self, prefix)
         _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice(prefix, "device", self.device, ("auto", "cpu", "cuda"))
         _choice(prefix, "optimizer", self.optimizer, ("adam", "adamw"))
@@ -374,6 +378,7 @@ class DecodeConfig:
     seed: int = _option(0, "sampling seed")
 
     def validate(self, prefix: str = "decode") -> None:
+        _check_finite(self, prefix)
         if self.beam < 1:
             raise ConfigError(f"{prefix}.beam: must be at least 1, got {self.beam}")
         if not 1 <= self.nbest <= self.beam:
@@ -431,6 +436,14 @@ class Config:
 
 
 # ------------------------------------------------------------------- (de)serializing
+
+
+def _check_finite(section: Any, prefix: str) -> None:
+    """NaN or infinity in a numeric field is a mistake (``--lenpen nan`` would decode silently)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}.{f.name}: must be a finite number, got {value}")
 
 
 def _choice(prefix: str, name: str, value: Any, choices: tuple[str, ...]) -> None:

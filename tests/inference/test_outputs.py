@@ -88,3 +88,13 @@ def test_evaluate_unwritable_output_fails_before_translating(tiny_checkpoint, so
     code, err = _run(["evaluate", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--ref", str(ref),
                       "--output", "/proc/aiayn-test-output"], capsys)
     assert code == 2 and "--output /proc/aiayn-test-output: cannot write there" in err
+
+
+def test_evaluate_empty_files_is_one_line(tiny_checkpoint, capsys, tmp_path) -> None:
+    """Regression: an empty hypothesis/reference file ended in an IndexError traceback."""
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    for argv in (["--hyp", str(empty), "--ref", str(empty)],
+                 ["--checkpoint", str(tiny_checkpoint), "--input", str(empty), "--ref", str(empty)]):
+        code, err = _run(["evaluate", *argv], capsys)
+        assert code == 2 and "no lines to score" in err and "Traceback" not in err

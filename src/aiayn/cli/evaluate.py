@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         what, tgt = args.hyp, args.tgt
     else:
         hyps, streams, what, tgt = _translate(args)
+    if not hyps:
+        raise AiaynError(f"{what}: no lines to score (the file is empty)")
     scores = corpus_scores(hyps, streams, tokenized=args.tokenized_bleu, tgt_lang=tgt)
     w = args.width
     if args.json:
