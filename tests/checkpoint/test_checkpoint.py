@@ -139,3 +139,51 @@ def test_failed_resave_keeps_the_old_step_and_temporaries_are_cleanable(tmp_path
     mgr.clean_incomplete()
     assert sorted(p.name for p in mgr.dir.iterdir()) == ["last", "step_000001"]
     assert mgr.last() == path
+
+
+def _reseal(ckpt) -> None:
+    """Rewrite the checksum manifest after a deliberate edit (as an attacker or a bad tool could)."""
+    lines = [f"{ck._sha256(f)}  {f.relative_to(ckpt).as_posix()}"
+             for f in ck._files(ckpt) if f.name != ck.MANIFEST_FILE]
+    (ckpt / ck.MANIFEST_FILE).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_nan_weights_are_refused(tmp_path, make_cfg):
+    """Regression: NaN weights loaded silently; translations came out empty, exit 0."""
+    cfg = make_cfg()
+    model = build_model(cfg.model)
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("nan")
+    ck.save_checkpoint(tmp_path / "c", model, cfg)
+    with pytest.raises(CheckpointError, match="NaN or infinite"):
+        ck.load_checkpoint(tmp_path / "c")
+
+
+def test_a_dtype_changed_in_the_header_is_refused(tmp_path, make_cfg):
+    """Regression: a float32 tensor relabelled int32 in the safetensors header was cast silently."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = make_cfg()
+    ck.save_checkpoint(tmp_path / "c", build_model(cfg.model), cfg)
+    path = str(tmp_path / "c" / ck.MODEL_FILE)
+    with safe_open(path, framework="pt") as f:
+        metadata = f.metadata()
+    weights = load_file(path)
+    name = sorted(weights)[0]
+    weights[name] = weights[name].view(torch.int32)  # same bytes, integer dtype
+    save_file(weights, path, metadata=metadata)
+    _reseal(tmp_path / "c")
+    with pytest.raises(CheckpointError, match=f"{name} has dtype int32"):
+        ck.load_checkpoint(tmp_path / "c")
+
+
+@pytest.mark.parametrize("name", ["../../etc/hostname", "/etc/hostname", "tokenizer/../../outside"])
+def test_manifest_entries_outside_the_checkpoint_are_refused(tmp_path, make_cfg, name):
+    """Regression: a manifest line naming ../../etc/hostname was hashed and accepted."""
+    cfg = make_cfg()
+    ck.save_checkpoint(tmp_path / "run" / "c", build_model(cfg.model), cfg)
+    (tmp_path / "outside").write_text("x")
+    manifest = tmp_path / "run" / "c" / ck.MANIFEST_FILE
+    manifest.write_text(manifest.read_text() + f"{'0' * 64}  {name}\n")
+    with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+        ck.verify_checkpoint(tmp_path / "run" / "c")

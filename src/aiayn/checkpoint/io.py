@@ -31,13 +31,14 @@ import base64
 import hashlib
 import json
 import logging
+import os
 import random
 import re
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -156,6 +157,11 @@ def read_model_weights(path: str | Path, device: str | torch.device = "cpu") -> 
         if target not in tensors:
             raise CheckpointError(f"{path}: alias {alias!r} points to missing tensor {target!r}")
         tensors[alias] = tensors[target]
+    for name, t in tensors.items():
+        # NaN weights (a diverged run) would decode to empty translations without an error.
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{path}: {name} holds NaN or infinite values (a diverged run?); "
+                                  "use another checkpoint")
     return {_strip_prefixes(k): v for k, v in tensors.items()}
 
 
@@ -172,10 +178,19 @@ def load_model_weights(model: nn.Module, path: str | Path) -> None:
             f"(missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; "
             f"unexpected: {unexpected[:5]}{'...' if len(unexpected) > 5 else ''})")
     for name, t in tensors.items():
-        if tuple(t.shape) != tuple(expected[name].shape):
-            raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, the config "
-                                  f"gives {tuple(expected[name].shape)}")
+        _check_tensor(path, name, t, expected[name])
     model.load_state_dict(tensors, strict=True)
+
+
+def _check_tensor(path: str | Path, name: str, t: Tensor, expected: Tensor) -> None:
+    """The shape the config implies and a floating dtype where the model has one (a header
+    edited from F32 to I32 would otherwise be cast silently)."""
+    if tuple(t.shape) != tuple(expected.shape):
+        raise CheckpointError(f"{path}: {name} has shape {tuple(t.shape)}, the config "
+                              f"gives {tuple(expected.shape)}")
+    if t.is_floating_point() != expected.is_floating_point():
+        raise CheckpointError(f"{path}: {name} has dtype {str(t.dtype).removeprefix('torch.')}, "
+                              f"the model needs {str(expected.dtype).removeprefix('torch.')}")
 
 
 # ------------------------------------------------------------------------- optimizer
@@ -273,7 +288,9 @@ def capture_rng_state(device: torch.device | str | None = None) -> dict[str, Any
     that one, so that a rank of a multi-GPU run does not touch the other GPUs.
     """
     py = random.getstate()
-    np_state = np.random.get_state()
+    # numpy's stub types this default (legacy=True) call as the dict form; it is the tuple
+    # (kind, key, pos, has_gauss, cached_gaussian).
+    np_state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     state: dict[str, Any] = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": {"kind": np_state[0], "key": np_state[1].tolist(), "pos": int(np_state[2]),
@@ -362,6 +379,8 @@ def verify_checkpoint(path: str | Path) -> None:
         digest, sep, name = line.partition("  ")
         if not sep or len(digest) != 64:
             raise CheckpointError(f"{manifest}:{lineno}: malformed line {line!r}")
+        if not _inside(path, path / name):
+            raise CheckpointError(f"{manifest}:{lineno}: {name!r} is outside the checkpoint directory")
         listed[name] = digest
     for name in REQUIRED_FILES:
         if name not in listed:
@@ -377,6 +396,12 @@ def verify_checkpoint(path: str | Path) -> None:
                 "the file is corrupted or was modified: use another checkpoint")
 
 
+def _inside(root: Path, path: Path) -> bool:
+    """Whether ``path`` (symlinks and ``..`` resolved) lies inside ``root``."""
+    root_r, path_r = root.resolve(), path.resolve()
+    return path_r != root_r and root_r in path_r.parents
+
+
 def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST_FILE).is_file() and (path / MODEL_FILE).is_file()
 
@@ -389,7 +414,7 @@ def _read_pointer(pointer: Path) -> Path:
     return target
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
     """A checkpoint directory from what a user may pass.
 
     * a checkpoint directory (has ``model.safetensors``) -> itself;
@@ -454,7 +479,7 @@ class LoadedCheckpoint:
     optimizer_state: dict[str, Any] | None = None
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu",
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
                     load_optimizer: bool = False, verify: bool = True) -> LoadedCheckpoint:
     """Verify checksums, rebuild the model from config.yaml and load its weights.
 

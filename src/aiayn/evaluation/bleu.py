@@ -19,7 +19,7 @@ import logging
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from aiayn.errors import DataError
 from aiayn.fileio import iter_text_lines
@@ -46,7 +46,12 @@ def _streams(hyps: Sequence[str], refs: Sequence[Sequence[str]] | Sequence[str])
         raise TypeError("refs: expected a list of reference lines or a list of reference streams")
     if len(refs) == 0:
         raise DataError("no references given")
-    streams = [list(refs)] if isinstance(refs[0], str) else [list(r) for r in refs]
+    streams: list[list[str]]
+    if isinstance(refs[0], str):
+        # One reference set: its first line tells the shapes apart, which mypy cannot see.
+        streams = [cast("list[str]", list(refs))]
+    else:
+        streams = [list(r) for r in refs]
     for k, stream in enumerate(streams, 1):
         if len(stream) != len(hyps):
             raise DataError(f"reference set {k} has {len(stream)} lines but there are {len(hyps)} "

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +35,7 @@ from torch import Tensor, nn
 from aiayn.inference.quantize import Int8Linear, replace_linears
 from aiayn.model import Transformer
 from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.layers import DecoderLayer, EncoderLayer
 
 
 class FixedLinear(nn.Module):
@@ -115,7 +118,7 @@ def prepare_for_inference(model: Transformer, device: str | torch.device | None 
             raise ValueError("prepare_for_inference: int8 inference runs on the CPU")
     with torch.no_grad():  # the rearranged weights are constants, outside any autograd graph
         copied = _copy(model, device, None if int8 else dtype)
-        for layer in itertools.chain(copied.encoder_layers, copied.decoder_layers):
+        for layer in _layers(copied):
             attn = layer.self_attn
             lins = (attn.w_q, attn.w_k, attn.w_v)
             weight, bias = torch.cat([lin.weight for lin in lins]), torch.cat([lin.bias for lin in lins])
@@ -127,6 +130,11 @@ def prepare_for_inference(model: Transformer, device: str | torch.device | None 
         else:
             projection = TransposedProjection(copied.output_weight, copied.output_bias)
     return PreparedModel(copied, projection)
+
+
+def _layers(model: Transformer) -> Iterable[EncoderLayer | DecoderLayer]:
+    # To a type checker nn.ModuleList holds plain nn.Modules; these hold the two layer kinds.
+    return cast("Iterable[EncoderLayer | DecoderLayer]", itertools.chain(model.encoder_layers, model.decoder_layers))
 
 
 def _copy(model: Transformer, device: str | torch.device | None, dtype: torch.dtype | None) -> Transformer:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, overload
 
 import torch
 import torch.nn.functional as F
@@ -92,6 +92,12 @@ class SearchHypothesis:
 
 
 # ------------------------------------------------------------------------ helpers
+
+
+@overload
+def length_penalty(length: Tensor, alpha: float, style: str = ...) -> Tensor: ...
+@overload
+def length_penalty(length: float, alpha: float, style: str = ...) -> float: ...
 
 
 def length_penalty(length: Tensor | float, alpha: float, style: str = "gnmt") -> Tensor | float:
@@ -157,12 +163,13 @@ class _Constraints:
         floor_col = floor[:, None] if isinstance(floor, Tensor) else floor
         at_max = t >= max_len_rows  # (R,) bool
         forced = prefix_rows[:, t] if t < prefix_rows.size(1) else None
-        force_any = forced is not None and bool((forced >= 0).any())
+        if forced is not None and not bool((forced >= 0).any()):
+            forced = None  # no row is forced at this step
         # Values that forcing must keep even where the masks below remove them. A forced
         # token the model gives probability 0 still gets a finite (very bad) score, so that a
         # forced path is never mistaken for a dead beam (whose score is -inf).
         eos_orig = torch.maximum(lprobs[:, self.eos], torch.as_tensor(floor, device=lprobs.device))
-        if force_any:
+        if forced is not None:
             forced_orig = torch.maximum(lprobs.gather(1, forced.clamp(min=0)[:, None]),
                                         torch.as_tensor(floor_col, device=lprobs.device))
         # PAD and BOS are never outputs.
@@ -175,7 +182,7 @@ class _Constraints:
             # Only EOS from here: the max-length bound of section 6.1.
             lprobs[at_max] = NEG_INF
             lprobs[at_max, self.eos] = eos_orig[at_max]
-        if force_any:
+        if forced is not None:
             rows = (forced >= 0).nonzero(as_tuple=True)[0]
             lprobs[rows] = NEG_INF
             lprobs[rows, forced[rows]] = forced_orig[rows, 0]
@@ -381,12 +388,13 @@ def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     Returns, per sentence of ``src``, up to ``cfg.nbest`` hypotheses, best first.
     """
     cfg.validate()
-    kwargs = dict(prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos)
     if cfg.sampling:
-        return sample(model, src, cfg, **kwargs)
-    if cfg.beam == 1:
-        return greedy_search(model, src, cfg, **kwargs)
-    return beam_search(model, src, cfg, **kwargs)
+        strategy = sample
+    elif cfg.beam == 1:
+        strategy = greedy_search
+    else:
+        strategy = beam_search
+    return strategy(model, src, cfg, prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos)
 
 
 @torch.inference_mode()
@@ -543,7 +551,7 @@ def _filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     return logits
 
 
-def _draw(lprobs: Tensor, cfg: DecodeConfig, gen: torch.Generator) -> Tensor:
+def _draw(lprobs: Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> Tensor:
     """One token per row (R,) drawn from the tempered, top-k / nucleus-filtered ``lprobs``."""
     # Masks carry over (-inf stays -inf); temperature and filters only shape the draw.
     draw = _filter_top_k_top_p(lprobs / cfg.temperature, cfg.top_k, cfg.top_p)

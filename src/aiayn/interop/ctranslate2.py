@@ -100,11 +100,13 @@ def _ordered(vocab: dict[str, int]) -> list[str]:
 
 
 def _converter(hf_dir: Path) -> Any:
-    ctranslate2 = require("ctranslate2")
+    require("ctranslate2")
     transformers = require("transformers")
+    from ctranslate2.converters import TransformersConverter
+
     loader = _loader_class()()
 
-    class Converter(ctranslate2.converters.TransformersConverter):
+    class Converter(TransformersConverter):
         def _load(self) -> Any:
             with torch.no_grad():
                 model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()

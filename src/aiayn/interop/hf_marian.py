@@ -398,10 +398,11 @@ def vocab_mapping(vocab: dict[str, int], n_rows: int, *, unk: int, eos: int, sta
     pad_row = pad if pad is not None and pad != start else None
     head: list[int | None] = [pad_row, unk, start, eos]
     taken = {r for r in head if r is not None}
-    rows = head + [r for r in range(n_rows) if r not in taken]
+    marian_rows = [r for r in range(n_rows) if r not in taken]
+    rows = head + marian_rows
     specials = (PAD, UNK, BOS, EOS)
     pieces = list(specials)
-    for r in rows[4:]:
+    for r in marian_rows:
         name = names.get(r, f"<marian:{r}>")  # a row vocab.json does not name
         if name in specials:  # e.g. a Marian vocabulary with its own "<s>" entry
             name = f"<marian:{name}>"

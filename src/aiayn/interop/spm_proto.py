@@ -128,11 +128,11 @@ def read_pieces(proto: bytes) -> list[Piece]:
         assert isinstance(value, bytes)
         for f, w, v in _fields(value):
             if f == 1 and w == 2:
-                p.piece = bytes(v).decode("utf-8")  # type: ignore[arg-type]
+                p.piece = bytes(v).decode("utf-8")
             elif f == 2 and w == 5:
                 p.score = struct.unpack("<f", v)[0]  # type: ignore[arg-type]
             elif f == 3 and w == 0:
-                p.type = int(v)  # type: ignore[arg-type]
+                p.type = int(v)
         pieces.append(p)
     return pieces
 
@@ -182,5 +182,5 @@ def trainer_int(proto: bytes, field: int) -> int | None:
             assert isinstance(v, bytes)
             for f2, w2, v2 in _fields(v):
                 if f2 == field and w2 == 0:
-                    return _int32(int(v2))  # type: ignore[arg-type]
+                    return _int32(int(v2))
     return None

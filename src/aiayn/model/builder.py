@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.model.embeddings import PositionalEncoding, TokenEmbedding
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.transformer import Transformer
+
+
+class _LayerArgs(TypedDict):
+    """What EncoderLayer and DecoderLayer take, both built from the same config."""
+
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_ff: int
+    dropout: float
+    attention_dropout: float
+    activation_dropout: float
+    activation: str
+    norm: str
+    eps: float
 
 
 def build_model(cfg: ModelConfig) -> Transformer:
@@ -21,7 +38,7 @@ def build_model(cfg: ModelConfig) -> Transformer:
         return PositionalEncoding(d, cfg.max_positions, cfg.positions, cfg.sinusoid_layout,
                                   cfg.dropout)
 
-    layer_args = dict(
+    layer_args = _LayerArgs(
         d_model=d, n_heads=cfg.n_heads, d_head=cfg.head_dim, d_ff=cfg.d_ff,
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.activation_dropout, activation=cfg.activation,

@@ -38,7 +38,7 @@ class _MaskedScale(torch.autograd.Function):
         return (x * scale).masked_fill_(drop, 0)
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         (drop,) = ctx.saved_tensors
         return (grad * ctx.scale).masked_fill_(drop, 0), None, None
 

@@ -37,6 +37,8 @@ def sinusoid_table(n_positions: int, d_model: int, layout: str = "interleaved") 
 class PositionalEncoding(nn.Module):
     """Adds positions to (already scaled) embeddings, then applies dropout (section 5.4)."""
 
+    table: Tensor  # the sinusoid buffer, registered only when kind == "sinusoidal"
+
     def __init__(self, d_model: int, max_positions: int, kind: str = "sinusoidal",
                  layout: str = "interleaved", dropout: float = 0.1) -> None:
         super().__init__()

@@ -7,6 +7,9 @@ through :meth:`Transformer.encode`, :meth:`Transformer.init_cache` and
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -100,9 +103,13 @@ class Transformer(nn.Module):
 
     # -------------------------------------------------------- incremental pass
 
+    def _decoders(self) -> Iterable[DecoderLayer]:
+        # To a type checker nn.ModuleList holds plain nn.Modules; this one holds DecoderLayers.
+        return cast("Iterable[DecoderLayer]", self.decoder_layers)
+
     def init_cache(self, memory: Tensor, src_mask: Tensor, max_len: int) -> KVCache:
         """Allocate the cache; cross-attention keys/values are computed here, once."""
-        cross = [layer.cross_attn.project_kv(memory) for layer in self.decoder_layers]
+        cross = [layer.cross_attn.project_kv(memory) for layer in self._decoders()]
         return KVCache.allocate(cross, src_mask, max_len)
 
     def decode_step(self, tokens: Tensor, cache: KVCache, need_attn: bool = False,
@@ -115,11 +122,12 @@ class Transformer(nn.Module):
         y = self.tgt_embed(tokens[:, None])  # (B, 1, D)
         y = self.tgt_positions(y, start=cache.length)
         attn = []
-        for i, layer in enumerate(self.decoder_layers):
+        for i, layer in enumerate(self._decoders()):
             y, w = layer.step(y, cache, i, need_weights=need_attn)
             attn.append(w)
         cache.advance()
         if self.decoder_norm is not None:
             y = self.decoder_norm(y)
         out = self.project(y[:, 0]) if project else y[:, 0]
-        return out, (torch.stack(attn, dim=1)[:, :, :, 0] if need_attn else None)
+        # Under need_attn every layer has returned its weights: no None in attn.
+        return out, (torch.stack(cast("list[Tensor]", attn), dim=1)[:, :, :, 0] if need_attn else None)

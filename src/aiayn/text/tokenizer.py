@@ -29,7 +29,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import sentencepiece as spm
 
@@ -46,8 +46,9 @@ TGT_MODEL = "spm.tgt.model"
 
 MODEL_TYPES = ("bpe", "unigram", "word", "char")
 
-# What a text argument of train_tokenizer may be: sentences, or one plain UTF-8 file.
-Texts = Sequence[str] | os.PathLike
+# What a text argument of train_tokenizer may be: sentences (a list, or any iterable, e.g. a
+# corpus read lazily), or one plain UTF-8 file.
+Texts = Iterable[str] | os.PathLike
 
 
 class Tokenizer:
@@ -180,7 +181,7 @@ def train_tokenizer(
 ) -> Tokenizer:
     """Train SentencePiece model(s) and write them into ``out_dir``.
 
-    ``src_texts`` / ``tgt_texts``: a sequence of sentences (``list[str]``), or a path
+    ``src_texts`` / ``tgt_texts``: an iterable of sentences (e.g. ``list[str]``), or a path
     (``pathlib.Path`` / ``os.PathLike``, *not* a plain ``str``, which would be ambiguous with
     a sentence) to a UTF-8 text file with one sentence per line.
 
@@ -198,8 +199,8 @@ def train_tokenizer(
     for mt in (model_type, tgt_model_type):
         if mt not in MODEL_TYPES:
             raise DataError(f"unknown SentencePiece model type {mt!r}; choose from {', '.join(MODEL_TYPES)}")
-    common = dict(character_coverage=character_coverage, input_sentence_size=input_sentence_size,
-                  seed=seed, num_threads=num_threads)
+    common = _TrainOptions(character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+                           seed=seed, num_threads=num_threads)
     if joint:
         proto = _train_one(_chain(src_texts, tgt_texts), vocab_size, model_type, **common)
         tok = Tokenizer(_processor(proto, "trained model"), src_proto=proto)
@@ -217,6 +218,15 @@ def train_tokenizer(
             break
     tok.save(out_dir)
     return tok
+
+
+class _TrainOptions(TypedDict):
+    """The SentencePiece options both sides of a separate vocabulary share."""
+
+    character_coverage: float
+    input_sentence_size: int
+    seed: int
+    num_threads: int
 
 
 def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, character_coverage: float,
@@ -310,7 +320,7 @@ def _check_special_ids(sp: spm.SentencePieceProcessor, side: str) -> None:
 def _ints(ids: Iterable[int]) -> list[int]:
     # Accepts lists, numpy arrays and (CPU or GPU) tensors.
     if hasattr(ids, "tolist"):
-        ids = ids.tolist()  # type: ignore[union-attr]
+        ids = ids.tolist()
     return [int(i) for i in ids]
 
 
