@@ -201,6 +201,44 @@ def test_import_rejects_a_directory_that_is_not_marian(tmp_path: Path, capsys: p
     assert not (tmp_path / "out").exists()
 
 
+class _RunsCode:
+    """A pickle that would run a shell command when unpickled without restrictions."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("damage", ["truncated_safetensors", "pickle_with_code"])
+def test_import_of_a_damaged_or_hostile_weights_file_is_one_line(tmp_path: Path, helpers, capsys, damage) -> None:
+    """Regression: a truncated model.safetensors or a pickled pytorch_model.bin ended in a
+    traceback. The pickle's code must not run either."""
+    import pickle
+
+    src, tgt = helpers.toy_pairs(200, seed=15)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)
+    weights = hf_dir / "model.safetensors"
+    marker = tmp_path / "code-ran"
+    if damage == "truncated_safetensors":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    else:
+        weights.unlink()
+        with open(hf_dir / "pytorch_model.bin", "wb") as f:
+            pickle.dump({"model.shared.weight": _RunsCode(marker)}, f)
+    capsys.readouterr()  # the fixture's own output
+    with pytest.raises(SystemExit) as exit_:
+        main(["import", "hf", str(hf_dir), str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    expected = "transformers cannot load" if damage == "truncated_safetensors" else "pickled objects"
+    assert exit_.value.code == 2 and expected in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
 def test_import_rejects_marian_without_tokenizer_files(tmp_path: Path, helpers) -> None:
     src, tgt = helpers.toy_pairs(200, seed=13)
     hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)

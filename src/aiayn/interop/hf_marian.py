@@ -530,9 +530,16 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
 
 def _load_hf_model(transformers: Any, hf_dir: Path) -> Any:
     try:
-        return transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise InteropError(f"{hf_dir}: transformers cannot load the model: {exc}") from None
+        with warnings.catch_warnings():  # torch's unpickler warns about protocols: noise here
+            warnings.simplefilter("ignore")
+            return transformers.MarianMTModel.from_pretrained(str(hf_dir)).float().eval()
+    except Exception as exc:  # untrusted files: a truncated safetensors, a refused pickle, ...
+        if type(exc).__name__ == "UnpicklingError":
+            raise InteropError(f"{hf_dir}: pytorch_model.bin holds pickled objects other than tensors; refused "
+                               "(loading it could run code); convert it to model.safetensors where it is trusted"
+                               ) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InteropError(f"{hf_dir}: transformers cannot load the model ({type(exc).__name__}: {first})") from None
 
 
 def _read_optional_json(path: Path) -> dict[str, Any]:
