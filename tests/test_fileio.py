@@ -121,7 +121,7 @@ def test_write_all_atomic_renames_only_once_every_file_is_written(tmp_path: Path
     write_all_atomic({a: "a1\n", b: b"b1\n"})
     assert (a.read_text(), b.read_text()) == ("a1\n", "b1\n")
     # The third file cannot be written (no such directory): the first two stay as they were.
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(AiaynError, match="missing: cannot write there"):
         write_all_atomic({a: "a2\n", b: "b2\n", tmp_path / "missing" / "c.txt": "c2\n"}, durable=False)
     assert (a.read_text(), b.read_text()) == ("a1\n", "b1\n")
     assert _names(tmp_path) == ["a.txt", "b.txt"]
@@ -285,3 +285,12 @@ def test_raw_lines_of_a_stream_and_decode_line() -> None:
     with pytest.raises(DataError) as err:
         decode_line(b"x\xff", "<stdin>", 7, hint="try replace")
     assert str(err.value) == "<stdin>:7: invalid UTF-8 at byte 1 of the line: invalid start byte; try replace"
+
+
+def test_an_unwritable_folder_is_one_user_error_naming_it() -> None:
+    """Regression: `prepare --out /proc/x` ended in a FileNotFoundError traceback."""
+    with pytest.raises(AiaynError, match=r"^/proc: cannot write there"):
+        with atomic_dir("/proc/aiayn-test-output"):
+            pass
+    with pytest.raises(AiaynError, match=r"^/proc: cannot write there"):
+        write_atomic("/proc/aiayn-test-output", "x")

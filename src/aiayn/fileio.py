@@ -91,6 +91,8 @@ def _create_unique(parent: Path, prefix: str, create: Callable[[Path], None]) ->
             create(candidate)
         except FileExistsError:
             continue
+        except OSError as exc:  # /proc, a read-only or missing folder: the user's mistake, one line
+            raise AiaynError(f"{parent}: cannot write there ({exc.strerror or exc})") from None
         return candidate
     raise FileExistsError(f"{parent}: no unused temporary name {prefix}*")
 
@@ -173,10 +175,12 @@ def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLik
             raise AiaynError(f"{flag} {path}: is also an input ({inp}); write to another file")
     if not path.parent.is_dir():
         raise AiaynError(f"{flag} {path}: directory {path.parent} does not exist")
+    probe = path.parent / f"{temp_prefix(path)}probe-{secrets.token_hex(4)}"
     try:
-        _create_unique(path.parent, temp_prefix(path), _create_file).unlink()
+        _create_file(probe)
     except OSError as exc:
         raise AiaynError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    probe.unlink()
     return path
 
 

@@ -253,10 +253,13 @@ def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, ch
     # An error raised while reading the text (bad UTF-8, misaligned files...) would come back
     # wrapped in SentencePiece's RuntimeError; keep it and re-raise it as it was.
     failure: list[BaseException] = []
+    seen = [0]
 
     def guarded() -> Iterator[str]:
         try:
-            yield from sentences
+            for sentence in sentences:
+                seen[0] += 1
+                yield sentence
         except Exception as exc:  # re-raised below, unchanged
             failure.append(exc)
 
@@ -265,6 +268,8 @@ def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, ch
     except RuntimeError as exc:
         if failure:
             raise failure[0] from None
+        if seen[0] == 0:
+            raise DataError("no sentences to train the tokenizer on: the training text is empty") from None
         raise DataError(f"SentencePiece training failed: {exc}") from None
     if failure:
         raise failure[0]
