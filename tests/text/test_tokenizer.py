@@ -113,6 +113,5 @@ def test_load_errors(tmp_path: Path) -> None:
 
 def test_an_empty_corpus_is_our_error_not_sentencepieces(tmp_path: Path) -> None:
     """Regression: empty training text gave SentencePiece's internal check message."""
-
     with pytest.raises(DataError, match="^no sentences to train the tokenizer on"):
         train_tokenizer([], [], tmp_path / "spm", 100)
