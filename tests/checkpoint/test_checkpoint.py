@@ -187,3 +187,15 @@ def test_manifest_entries_outside_the_checkpoint_are_refused(tmp_path, make_cfg,
     manifest.write_text(manifest.read_text() + f"{'0' * 64}  {name}\n")
     with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
         ck.verify_checkpoint(tmp_path / "run" / "c")
+
+
+@pytest.mark.parametrize("text", ["[]", "{}", '{"param_ids": ["x"], "param_groups": []}', '{"param_groups": 3}'])
+def test_a_malformed_optimizer_json_is_one_clear_error(tmp_path, make_cfg, text):
+    """Regression: a malformed optimizer.json on --resume ended in a KeyError/TypeError traceback."""
+    cfg = make_cfg()
+    model = build_model(cfg.model)
+    ck.save_checkpoint(tmp_path / "c", model, cfg, optimizer=build_optimizer(model, cfg.train))
+    (tmp_path / "c" / ck.OPTIMIZER_JSON).write_text(text)
+    _reseal(tmp_path / "c")
+    with pytest.raises(CheckpointError, match="optimizer.json: malformed optimizer state"):
+        ck.load_optimizer_state(tmp_path / "c")

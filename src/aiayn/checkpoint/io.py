@@ -234,8 +234,16 @@ def load_optimizer_state(directory: str | Path) -> dict[str, Any]:
     try:
         meta = json.loads((directory / OPTIMIZER_JSON).read_text(encoding="utf-8"))
         tensors = load_file(str(directory / OPTIMIZER_FILE))
-    except (json.JSONDecodeError, SafetensorError, OSError) as exc:
+    except (json.JSONDecodeError, SafetensorError, OSError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{directory}: cannot read the optimizer state: {exc}") from None
+    try:
+        return _optimizer_state(meta, tensors)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{directory / OPTIMIZER_JSON}: malformed optimizer state "
+                              f"({type(exc).__name__}: {exc})") from None
+
+
+def _optimizer_state(meta: dict[str, Any], tensors: dict[str, Tensor]) -> dict[str, Any]:
     state: dict[int, dict[str, Any]] = {int(p): {} for p in meta.get("param_ids", [])}
     for name, t in tensors.items():
         _, pid, key = name.split(".", 2)
