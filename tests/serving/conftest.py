@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 MAX_TEXTS = 8
 MAX_CHARS = 300
 MAX_BODY_BYTES = 16_384
+MAX_ATTENTION_VALUES = 100_000
 
 
 def _load_serve_load() -> ModuleType:
@@ -54,7 +55,7 @@ def server(serve_load: ModuleType, tiny_checkpoint: Path) -> Iterator:
     """One server for the HTTP and browser tests (one torch thread: CI has two cores)."""
     with serve_load.start_server(
         tiny_checkpoint, "--threads", "1", "--max-texts", str(MAX_TEXTS), "--max-chars", str(MAX_CHARS),
-        "--max-body-bytes", str(MAX_BODY_BYTES),
+        "--max-body-bytes", str(MAX_BODY_BYTES), "--max-attention-values", str(MAX_ATTENTION_VALUES),
     ) as srv:
         srv.limits = {"max_texts": MAX_TEXTS, "max_chars": MAX_CHARS, "max_body_bytes": MAX_BODY_BYTES}
         yield srv

@@ -180,6 +180,18 @@ def test_a_bad_body_leaves_the_connection_usable(server, sentences: list[str]) -
         assert good.status_code == 200
 
 
+def test_attention_is_bounded_before_decoding(server, sentences: list[str]) -> None:
+    """Regression: a 27 KB request with attention produced a 51.6 MB response. The test
+    server allows 100,000 weights; 8 texts of ~40 words may return 8 x 2 layers x 4 heads x
+    up to 256 output positions x ~40 source tokens."""
+    text = " ".join(sentences)[:MAX_CHARS - 20]
+    body = {"texts": [text] * MAX_TEXTS, "attention": True, "max_len_b": 1024}
+    r = post(server, body)
+    assert r.status_code == 413 and r.json()["error"] == "attention_too_large"
+    assert "100,000" in r.json()["message"] and "--max-attention-values" in r.json()["message"]
+    assert post(server, {**body, "attention": False, "max_len_b": 2}).status_code == 200
+
+
 def test_head_health(server) -> None:
     r = httpx.head(f"{server.url}/health", timeout=TIMEOUT)
     assert r.status_code == 200 and r.content == b""

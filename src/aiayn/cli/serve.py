@@ -36,6 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     lim.add_argument("--max-texts", type=int, default=64, help="texts per request (default 64)")
     lim.add_argument("--max-chars", type=int, default=2000, help="characters per text (default 2000)")
     lim.add_argument("--max-body-bytes", type=int, default=1_000_000, help="request body size (default 1 MB)")
+    lim.add_argument("--max-attention-values", type=int, default=1_000_000,
+                     help="cross-attention weights one request with attention: true may return, bounded by "
+                          "layers x heads x longest allowed output x source tokens, summed over its texts "
+                          "(default 1,000,000: about 10 MB of JSON)")
     bat = p.add_argument_group("dynamic batching")
     bat.add_argument("--queue-size", type=int, default=256,
                      help="requests allowed to wait; more get 503 + Retry-After (default 256)")
@@ -54,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("max_texts", "max_chars", "max_body_bytes", "queue_size", "max_batch_tokens",
+    for name in ("max_texts", "max_chars", "max_body_bytes", "max_attention_values", "queue_size", "max_batch_tokens",
                  "max_batch_sentences"):
         if getattr(args, name) < 1:
             raise AiaynError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
@@ -102,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     translator = _translator(args, device)
     settings = ServeSettings(
         max_texts=args.max_texts, max_chars=args.max_chars, max_body_bytes=args.max_body_bytes,
+        max_attention_values=args.max_attention_values,
         queue_size=args.queue_size, batch_window_ms=args.batch_window_ms, max_batch_tokens=args.max_batch_tokens,
         max_batch_sentences=args.max_batch_sentences, batching=not args.no_batching,
         checkpoint=str(args.checkpoint or args.ctranslate2),

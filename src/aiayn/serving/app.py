@@ -73,6 +73,9 @@ class ServeSettings:
     max_texts: int = 64
     max_chars: int = 2000
     max_body_bytes: int = 1_000_000
+    # Cross-attention weights one request may ask for (layers x heads x output x source
+    # tokens, summed over its texts, at the longest output the decoding options allow).
+    max_attention_values: int = 1_000_000
     queue_size: int = 256
     batch_window_ms: float = 5.0
     max_batch_tokens: int = 4096
@@ -358,7 +361,31 @@ class TranslationService:
             beam = self.translator.config.decode.beam
         if beam is not None and req.nbest > beam:
             raise APIError(422, "invalid_request", f"nbest: {req.nbest} is more than beam={beam}")
+        if req.attention:
+            self._check_attention_size(req, lengths)
         return lengths
+
+    def _check_attention_size(self, req: RequestBase, lengths: list[int]) -> None:
+        """Refuse, before any decoding, a request whose attention could outgrow the limit: a
+        small request asking for long outputs' attention would otherwise cost the server
+        (and the client) hundreds of megabytes."""
+        cfg = self.translator.config
+        if cfg is None:
+            return
+        try:
+            decode = cfg.decode.with_overrides(**req.decode_overrides())
+        except AiaynError as exc:
+            raise APIError(422, "invalid_request", str(exc)) from None
+        per_position = cfg.model.n_decoder_layers * cfg.model.n_heads
+        longest = self.max_positions or 1 << 30
+        bound = sum(per_position * min(int(decode.max_len_a * n + decode.max_len_b) + 1, longest) * n
+                    for n in lengths)
+        limit = self.settings.max_attention_values
+        if bound > limit:
+            raise APIError(413, "attention_too_large",
+                           f"attention: this request may return up to {bound:,} weights (layers x heads x output "
+                           f"x source tokens); the limit is {limit:,} (--max-attention-values): send fewer or "
+                           "shorter texts, a smaller max_len_b, or no attention")
 
     async def translate(self, req: RequestBase) -> dict[str, Any]:
         if self.closing:
