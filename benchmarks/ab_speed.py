@@ -38,11 +38,14 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, required=True, help="the decode benchmark's models (cpu_decode.py)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3, help="timed runs per process (its median is one sample)")
+    ap.add_argument("--workloads", default=",".join(f"{w}:{d}" for w, d in WORKLOADS),
+                    help="comma-separated workload:dtype (default: all)")
     args = ap.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    workloads = [tuple(item.split(":")) for item in args.workloads.split(",")]
     samples: dict[tuple[str, str, str], list[float]] = {}
     for r in range(args.rounds):
-        for workload, dtype in WORKLOADS:
+        for workload, dtype in workloads:
             order = list(trees.items()) if r % 2 == 0 else list(reversed(trees.items()))
             for name, tree in order:
                 tps = measure(tree, workload, dtype, args.workdir, args.runs)
@@ -50,7 +53,7 @@ def main() -> None:
                 print(f"round {r + 1} {workload} {dtype} {name}: {tps:.1f} tok/s", file=sys.stderr, flush=True)
     print("| workload | dtype | before tok/s | after tok/s | after / before |")
     print("|---|---|---|---|---|")
-    for workload, dtype in WORKLOADS:
+    for workload, dtype in workloads:
         b = statistics.median(samples[(workload, dtype, "before")])
         a = statistics.median(samples[(workload, dtype, "after")])
         print(f"| {workload} | {dtype} | {b:.1f} | {a:.1f} | {a / b:.3f} |")
