@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import sys
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="cross-attention weights one request with attention: true may return, bounded by "
                           "layers x heads x longest allowed output x source tokens, summed over its texts "
                           "(default 1,000,000: about 10 MB of JSON)")
+    con = p.add_argument_group("connections (slow or idle clients)")
+    con.add_argument("--header-timeout", type=float, default=10.0,
+                     help="seconds a connection may take to send a request's headers, from connecting or from "
+                          "its previous response (default 10); then 408 and closed")
+    con.add_argument("--body-timeout", type=float, default=30.0,
+                     help="seconds a request's body may take to arrive after its headers (default 30)")
+    con.add_argument("--max-connections", type=int, default=1024,
+                     help="open connections; at the cap a new one replaces the one waiting longest for its "
+                          "headers, or gets 503 + Retry-After if all are busy (default 1024)")
     bat = p.add_argument_group("dynamic batching")
     bat.add_argument("--queue-size", type=int, default=256,
                      help="requests allowed to wait; more get 503 + Retry-After (default 256)")
@@ -59,11 +69,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check(args: argparse.Namespace) -> None:
     for name in ("max_texts", "max_chars", "max_body_bytes", "max_attention_values", "queue_size", "max_batch_tokens",
-                 "max_batch_sentences"):
+                 "max_batch_sentences", "max_connections"):
         if getattr(args, name) < 1:
             raise AiaynError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
-    if args.batch_window_ms < 0:
-        raise AiaynError("--batch-window-ms: must not be negative")
+    for name in ("batch_window_ms", "header_timeout", "body_timeout", "graceful_timeout"):
+        value = getattr(args, name)
+        if not math.isfinite(value) or value < 0 or (value == 0 and name != "batch_window_ms"):
+            raise AiaynError(f"--{name.replace('_', '-')}: must be a positive number of "
+                             f"{'milliseconds' if name == 'batch_window_ms' else 'seconds'}, got {value}")
     if not 0 <= args.port <= 65535:
         raise AiaynError(f"--port: {args.port} is not a port number")
 
@@ -95,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn
 
         from aiayn.serving.app import ServeSettings, create_app
+        from aiayn.serving.connections import ConnectionLimits, guarded_protocol
     except ModuleNotFoundError as exc:
         raise AiaynError(f"aiayn serve needs the 'serve' extra ({exc.name} is missing): "
                          "pip install 'aiayn[serve]'") from None
@@ -117,7 +131,10 @@ def run(args: argparse.Namespace) -> int:
     if not _is_loopback(args.host):
         print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "
               "the service has no authentication", file=sys.stderr)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+    limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                              max_connections=args.max_connections)
+    protocol = guarded_protocol(limits, app.state.metrics, retry_after_s=settings.retry_after_s)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
                             timeout_graceful_shutdown=args.graceful_timeout, access_log=False)
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish,

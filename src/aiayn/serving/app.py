@@ -17,7 +17,9 @@ Every error is JSON ``{"error": CODE, "message": TEXT}`` with a 4xx/5xx status:
 422    ``too_many_texts``      more than ``max_texts`` texts in one request
 422    ``text_too_long``       a text over ``max_chars`` characters, or over the model's
                                source positions once tokenized
+408    ``request_timeout``     headers or body too slow (:mod:`aiayn.serving.connections`)
 503    ``overloaded``          the queue is full (with ``Retry-After``)
+503    ``too_many_connections`` ``--max-connections`` open, all busy (with ``Retry-After``)
 503    ``shutting_down``       the server is stopping
 500    ``translation_failed``  the model raised on this request (logged with its traceback;
                                the other requests of its batch are retried and unaffected)

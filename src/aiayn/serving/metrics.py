@@ -149,11 +149,19 @@ class ServerMetrics:
         self.queue_depth = Gauge("aiayn_queue_requests", "Requests waiting for the model.", lk)
         self.rejected = Counter("aiayn_queue_rejected_total", "Requests refused with 503 because the queue was full.",
                                 lk)
+        self.connections_open = Gauge("aiayn_http_connections_open", "Open HTTP connections.", lk)
+        self.connections_timeouts = Counter("aiayn_http_connection_timeouts_total",
+                                            "Connections closed for missing the header or body timeout, by phase.", lk)
+        self.connections_evicted = Counter("aiayn_http_connections_evicted_total",
+                                           "Connections waiting for headers closed to make room for a new one.", lk)
+        self.connections_rejected = Counter("aiayn_http_connections_rejected_total",
+                                            "New connections refused with 503 at --max-connections.", lk)
 
     def all(self) -> list[_Metric]:
         return [self.requests, self.errors, self.latency, self.in_flight, self.batches, self.batch_failures,
                 self.batch_sentences, self.batch_requests, self.sentences, self.src_tokens, self.tgt_tokens,
-                self.model_seconds, self.tokens_per_s, self.queue_depth, self.rejected]
+                self.model_seconds, self.tokens_per_s, self.queue_depth, self.rejected, self.connections_open,
+                self.connections_timeouts, self.connections_evicted, self.connections_rejected]
 
     def render(self) -> str:
         lines: list[str] = []

@@ -1,0 +1,184 @@
+"""Connection-level limits for ``aiayn serve``: header and body timeouts and a cap on
+open connections, which uvicorn does not have (its keep-alive timer is reset by every
+byte, so a client that sends one header byte every few seconds is kept forever).
+
+:func:`guarded_protocol` returns a subclass of uvicorn's h11 protocol, passed to
+``uvicorn.Config(http=...)``. It watches h11's view of the client's state after every
+chunk received:
+
+- ``IDLE`` (waiting for a request line and headers): the connection must complete its
+  headers within ``header_timeout_s`` of connecting or of its previous response;
+- ``SEND_BODY``: the whole body must arrive within ``body_timeout_s`` of the headers;
+- a client that misses either gets ``408 request_timeout`` (if it sent anything) and is
+  closed.
+
+At ``max_connections`` open connections, a new one evicts the connection that has waited
+longest for its headers (slow or idle clients cannot lock out others); if every open
+connection is busy with a request, the new one gets ``503 too_many_connections`` with
+``Retry-After`` and is closed. On shutdown, connections still sending a request body are
+closed at once instead of holding the graceful shutdown open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from aiayn.serving.metrics import ServerMetrics
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """``aiayn serve --header-timeout/--body-timeout/--max-connections``."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 1024
+
+
+def raw_error(status: int, reason: str, code: str, message: str, retry_after: int | None = None) -> bytes:
+    """A complete ``Connection: close`` HTTP/1.1 response with the API's JSON error body,
+    for answers given below the ASGI app (no request object exists yet)."""
+    body = json.dumps({"error": code, "message": message}).encode()
+    head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json", f"content-length: {len(body)}",
+            "connection: close"]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class _Registry:
+    """Open connections of one server, oldest first, with those waiting for headers apart
+    (dicts keep insertion order: the first key is the one waiting longest)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.waiting: dict[GuardedH11Protocol, None] = {}
+
+    def oldest_waiting(self) -> GuardedH11Protocol | None:
+        return next(iter(self.waiting), None)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with :class:`ConnectionLimits` (set by :func:`guarded_protocol`)."""
+
+    limits = ConnectionLimits()
+    metrics: ServerMetrics | None = None
+    registry: _Registry = _Registry()
+    retry_after_s = 1
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._phase: object = h11.IDLE  # h11's view of the client: IDLE, SEND_BODY, DONE, ...
+        self._got_bytes = False
+
+    # ---------------------------------------------------------------- events
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        reg = self.registry
+        reg.open += 1
+        if self.metrics is not None:
+            self.metrics.connections_open.set(reg.open)
+        if reg.open > self.limits.max_connections and not self._evict_one():
+            self._count("rejected", reason="max_connections")
+            transport.write(raw_error(503, "Service Unavailable", "too_many_connections",
+                                      f"the server holds {self.limits.max_connections} connections "
+                                      "(--max-connections), all busy; retry later", self.retry_after_s))
+            transport.close()
+            return
+        self._wait_for("headers")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.registry.open -= 1
+        if self.metrics is not None:
+            self.metrics.connections_open.set(self.registry.open)
+        self._stop_waiting()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._got_bytes = True
+        super().data_received(data)
+        self._follow_client()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._got_bytes = False
+        # A pipelined next request may already be complete (handled inside super()).
+        self._follow_client()
+
+    def shutdown(self) -> None:
+        if self._phase is h11.SEND_BODY:
+            # Not yet a request the app can answer: holding shutdown for it helps nobody.
+            self._stop_waiting()
+            self.transport.close()
+            return
+        super().shutdown()
+
+    # ---------------------------------------------------------------- timers
+
+    def _follow_client(self) -> None:
+        """Arm, move or stop the timer as h11 sees the client's side change."""
+        if self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is self._phase:
+            return
+        self._phase = state
+        if state is h11.IDLE:
+            self._wait_for("headers")
+        elif state is h11.SEND_BODY:
+            self._wait_for("body")
+        else:
+            self._stop_waiting()
+
+    def _wait_for(self, phase: str) -> None:
+        self._stop_waiting()
+        if phase == "headers":
+            self._phase = h11.IDLE
+            self.registry.waiting[self] = None
+        seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
+        self._timer = self.loop.call_later(seconds, self._timed_out, phase, seconds)
+
+    def _stop_waiting(self) -> None:
+        self.registry.waiting.pop(self, None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timed_out(self, phase: str, seconds: float) -> None:
+        self._timer = None
+        self.registry.waiting.pop(self, None)
+        if self.transport.is_closing():
+            return
+        self._count("timeouts", phase=phase)
+        if self._got_bytes:
+            self.transport.write(raw_error(408, "Request Timeout", "request_timeout",
+                                           f"the request {phase} did not arrive within {seconds:g} s"))
+        self.transport.close()
+
+    def _evict_one(self) -> bool:
+        victim = self.registry.oldest_waiting()
+        if victim is None or victim is self:
+            return False
+        self._count("evicted", reason="max_connections")
+        victim._stop_waiting()
+        victim.transport.close()
+        return True
+
+    def _count(self, what: str, **labels: str) -> None:
+        if self.metrics is not None:
+            getattr(self.metrics, f"connections_{what}").inc(**labels)
+
+
+def guarded_protocol(limits: ConnectionLimits, metrics: ServerMetrics | None = None,
+                     retry_after_s: int = 1) -> type[GuardedH11Protocol]:
+    """A protocol class for ``uvicorn.Config(http=...)`` enforcing ``limits`` for one server."""
+    return type("AiaynH11Protocol", (GuardedH11Protocol,),
+                {"limits": limits, "metrics": metrics, "registry": _Registry(), "retry_after_s": retry_after_s})

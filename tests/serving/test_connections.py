@@ -1,0 +1,171 @@
+"""Connection limits of `aiayn serve` against raw sockets (aiayn.serving.connections):
+half-sent headers and bodies time out with 408, slow clients cannot lock out others at
+--max-connections, busy connections make a new one get 503 + Retry-After, and a client
+stuck in its body does not hold the graceful shutdown open."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from types import ModuleType
+from urllib.parse import urlsplit
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
+
+MAX_CONNECTIONS = 6
+HEADER_TIMEOUT = 1.0
+BODY_TIMEOUT = 1.5
+
+
+@pytest.fixture(scope="module")
+def guarded(serve_load: ModuleType, tiny_checkpoint: Path) -> Iterator:
+    with serve_load.start_server(tiny_checkpoint, "--threads", "1", "--header-timeout", str(HEADER_TIMEOUT),
+                                 "--body-timeout", str(BODY_TIMEOUT),
+                                 "--max-connections", str(MAX_CONNECTIONS)) as srv:
+        yield srv
+
+
+def _connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _status_and_body(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_half_sent_headers_get_408_and_are_closed(guarded) -> None:
+    with _connect(guarded.url) as sock:
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: app")
+        status, body = _status_and_body(_read_all(sock))
+    assert status == 408
+    assert body["error"] == "request_timeout"
+    assert "headers" in body["message"] and f"{HEADER_TIMEOUT:g} s" in body["message"]
+
+
+def test_a_byte_at_a_time_does_not_extend_the_header_timeout(guarded) -> None:
+    # uvicorn's own keep-alive timer restarts on every byte; the header deadline does not.
+    request = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+    with _connect(guarded.url) as sock:
+        sock.settimeout(0.25)
+        closed_after = None
+        for i, byte in enumerate(request):
+            try:
+                sock.sendall(bytes([byte]))
+                data = sock.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                data = b""
+            closed_after = i
+            break
+        assert closed_after is not None, "the server kept a slowloris client for the whole request"
+        if data:
+            assert data.startswith(b"HTTP/1.1 408")
+    assert closed_after < len(request) - 1
+
+
+def test_a_stalled_body_gets_408(guarded) -> None:
+    with _connect(guarded.url) as sock:
+        sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"texts\": [")
+        status, body = _status_and_body(_read_all(sock))
+    assert status == 408
+    assert "body" in body["message"]
+
+
+def test_keep_alive_between_requests_is_unaffected(guarded, sentences: list[str]) -> None:
+    # Requests on one connection, each well within the timeouts: all answered on it.
+    with httpx.Client(base_url=guarded.url, timeout=30) as client:
+        for text in sentences[:3]:
+            assert client.post("/v1/translate", json={"texts": [text]}).status_code == 200
+
+
+def test_idle_clients_at_the_cap_make_room_for_a_real_one(guarded) -> None:
+    evicted_before = _metric(guarded.url, "aiayn_http_connections_evicted_total")
+    with ExitStack() as stack:
+        idle = [stack.enter_context(_connect(guarded.url)) for _ in range(MAX_CONNECTIONS)]
+        for sock in idle:
+            sock.sendall(b"GET /hea")  # half a request line: waiting for headers
+        time.sleep(0.2)
+        r = httpx.get(f"{guarded.url}/health", timeout=30)
+    assert r.status_code == 200
+    assert _metric(guarded.url, "aiayn_http_connections_evicted_total") > evicted_before
+
+
+def test_busy_connections_at_the_cap_give_503_with_retry_after(guarded) -> None:
+    with ExitStack() as stack:
+        busy = [stack.enter_context(_connect(guarded.url)) for _ in range(MAX_CONNECTIONS)]
+        for sock in busy:  # headers complete, body pending: a request in progress
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 50\r\n\r\n{")
+        time.sleep(0.2)
+        with _connect(guarded.url) as extra:
+            raw = _read_all(extra)
+    status, body = _status_and_body(raw)
+    assert status == 503
+    assert body["error"] == "too_many_connections"
+    assert b"retry-after: 1" in raw.lower()
+    # Once the stalled bodies time out, the server takes connections again.
+    time.sleep(BODY_TIMEOUT + 0.5)
+    assert httpx.get(f"{guarded.url}/health", timeout=30).status_code == 200
+
+
+def test_a_stalled_body_does_not_hold_shutdown_open(serve_load: ModuleType, tiny_checkpoint: Path) -> None:
+    # Timeouts longer than the test: only the shutdown rule can close this client.
+    srv = serve_load.launch_server(tiny_checkpoint, "--threads", "1", "--body-timeout", "600",
+                                   "--graceful-timeout", "600")
+    try:
+        with _connect(srv.url) as sock:
+            sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")
+            time.sleep(0.3)
+            srv.proc.send_signal(signal.SIGTERM)
+            srv.proc.wait(120)
+            assert _read_all(sock) == b""  # closed without an answer: the request never arrived
+    finally:
+        srv.stop()
+    log = srv.log()
+    assert "timeout graceful shutdown exceeded" not in log, log
+    assert "Finished server process" in log, log
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--header-timeout", "0"), ("--body-timeout", "nan"),
+                                             ("--max-connections", "0"), ("--graceful-timeout", "-1")])
+def test_bad_connection_limits_are_one_line(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from aiayn.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--checkpoint", "does-not-matter", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"aiayn serve: error: {flag}:"), err
