@@ -116,10 +116,27 @@ def test_idle_clients_at_the_cap_make_room_for_a_real_one(guarded) -> None:
         idle = [stack.enter_context(_connect(guarded.url)) for _ in range(MAX_CONNECTIONS)]
         for sock in idle:
             sock.sendall(b"GET /hea")  # half a request line: waiting for headers
-        time.sleep(0.2)
+        # Just connected: not evictable yet (a storm of reconnects must not evict newcomers).
+        with _connect(guarded.url) as early:
+            status, body = _status_and_body(_read_all(early))
+        assert (status, body["error"]) == (503, "too_many_connections")
+        time.sleep(HEADER_TIMEOUT * 0.5)  # past MIN_EVICTABLE_WAIT of the header timeout
         r = httpx.get(f"{guarded.url}/health", timeout=30)
     assert r.status_code == 200
     assert _metric(guarded.url, "aiayn_http_connections_evicted_total") > evicted_before
+
+
+def test_the_file_limit_is_raised_or_the_cap_lowered(monkeypatch, capsys) -> None:
+    import resource
+
+    from aiayn.cli.serve import fit_file_limit
+
+    calls = []
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 2000))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, limits: calls.append(limits))
+    assert fit_file_limit(1500) == 1500 and calls == [(1756, 2000)]
+    assert fit_file_limit(4096) == 2000 - 256 and calls[-1] == (2000, 2000)
+    assert "--max-connections 4096 needs 4352 open files and the limit is 2000" in capsys.readouterr().err
 
 
 def test_busy_connections_at_the_cap_give_503_with_retry_after(guarded) -> None:

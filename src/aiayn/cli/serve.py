@@ -47,9 +47,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                           "its previous response (default 10); then 408 and closed")
     con.add_argument("--body-timeout", type=float, default=30.0,
                      help="seconds a request's body may take to arrive after its headers (default 30)")
-    con.add_argument("--max-connections", type=int, default=1024,
-                     help="open connections; at the cap a new one replaces the one waiting longest for its "
-                          "headers, or gets 503 + Retry-After if all are busy (default 1024)")
+    con.add_argument("--max-connections", type=int, default=4096,
+                     help="open connections (the file-descriptor limit is raised to fit); at the cap a new one "
+                          "replaces the one waiting longest for its headers, or gets 503 + Retry-After if all are "
+                          "busy (default 4096)")
     bat = p.add_argument_group("dynamic batching")
     bat.add_argument("--queue-size", type=int, default=256,
                      help="requests allowed to wait; more get 503 + Retry-After (default 256)")
@@ -79,6 +80,30 @@ def _check(args: argparse.Namespace) -> None:
                              f"{'milliseconds' if name == 'batch_window_ms' else 'seconds'}, got {value}")
     if not 0 <= args.port <= 65535:
         raise AiaynError(f"--port: {args.port} is not a port number")
+
+
+# File descriptors the process needs besides client connections (model files, logs, ...).
+_SPARE_FDS = 256
+
+
+def fit_file_limit(max_connections: int) -> int:
+    """Raise the soft open-files limit so ``max_connections`` fit (as nginx's
+    worker_rlimit_nofile does; the default soft limit is often 1,024); if the hard limit is
+    lower, serve fewer connections and say so."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + _SPARE_FDS
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new_soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+        soft = new_soft
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fitted = max(1, soft - _SPARE_FDS)
+        print(f"aiayn serve: warning: --max-connections {max_connections} needs {need} open files and the limit "
+              f"is {soft} (ulimit -n): serving at most {fitted} connections", file=sys.stderr)
+        return fitted
+    return max_connections
 
 
 def _is_loopback(host: str) -> bool:
@@ -132,9 +157,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "
               "the service has no authentication", file=sys.stderr)
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                              max_connections=args.max_connections)
+                              max_connections=fit_file_limit(args.max_connections))
     protocol = guarded_protocol(limits, app.state.metrics, retry_after_s=settings.retry_after_s)
+    # The header timeout closes idle keep-alive connections; uvicorn's timer only backs it up.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
+                            timeout_keep_alive=math.ceil(args.header_timeout) + 1,
                             timeout_graceful_shutdown=args.graceful_timeout, access_log=False)
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish,

@@ -12,17 +12,24 @@ chunk received:
 - a client that misses either gets ``408 request_timeout`` (if it sent anything) and is
   closed.
 
+The header timeout is also the keep-alive timeout: an idle connection is closed when it
+runs out (uvicorn's own keep-alive timer is set to fire later; clients that expire pooled
+connections sooner, as httpx does after 5 s, never send on a connection being closed).
+
 At ``max_connections`` open connections, a new one evicts the connection that has waited
-longest for its headers (slow or idle clients cannot lock out others); if every open
-connection is busy with a request, the new one gets ``503 too_many_connections`` with
-``Retry-After`` and is closed. On shutdown, connections still sending a request body are
-closed at once instead of holding the graceful shutdown open.
+longest for its headers, if that one has waited at least :data:`MIN_EVICTABLE_WAIT` of
+the header timeout (slow or idle clients cannot lock out others, and a storm of
+reconnecting slow clients cannot evict a client that has just connected); otherwise the
+new one gets ``503 too_many_connections`` with ``Retry-After`` and is closed. On shutdown,
+connections still sending a request body are closed at once instead of holding the
+graceful shutdown open.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +45,11 @@ class ConnectionLimits:
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    max_connections: int = 1024
+    max_connections: int = 4096
+
+
+MIN_EVICTABLE_WAIT = 0.25
+"""Share of the header timeout a connection must have waited before a new one may evict it."""
 
 
 def raw_error(status: int, reason: str, code: str, message: str, retry_after: int | None = None) -> bytes:
@@ -58,10 +69,14 @@ class _Registry:
 
     def __init__(self) -> None:
         self.open = 0
-        self.waiting: dict[GuardedH11Protocol, None] = {}
+        self.waiting: dict[GuardedH11Protocol, float] = {}  # -> when it started waiting
 
-    def oldest_waiting(self) -> GuardedH11Protocol | None:
-        return next(iter(self.waiting), None)
+    def evictable(self, min_wait_s: float) -> GuardedH11Protocol | None:
+        """The connection waiting longest for its headers, if it has waited ``min_wait_s``."""
+        oldest = next(iter(self.waiting.items()), None)
+        if oldest is None or time.monotonic() - oldest[1] < min_wait_s:
+            return None
+        return oldest[0]
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -142,7 +157,7 @@ class GuardedH11Protocol(H11Protocol):
         self._stop_waiting()
         if phase == "headers":
             self._phase = h11.IDLE
-            self.registry.waiting[self] = None
+            self.registry.waiting[self] = time.monotonic()
         seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
         self._timer = self.loop.call_later(seconds, self._timed_out, phase, seconds)
 
@@ -164,7 +179,7 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
     def _evict_one(self) -> bool:
-        victim = self.registry.oldest_waiting()
+        victim = self.registry.evictable(MIN_EVICTABLE_WAIT * self.limits.header_timeout_s)
         if victim is None or victim is self:
             return False
         self._count("evicted", reason="max_connections")
