@@ -17,9 +17,11 @@ runs out (uvicorn's own keep-alive timer is set to fire later; clients that expi
 connections sooner, as httpx does after 5 s, never send on a connection being closed).
 
 At ``max_connections`` open connections, a new one evicts the connection that has waited
-longest for its headers, if that one has waited at least :data:`MIN_EVICTABLE_WAIT` of
-the header timeout (slow or idle clients cannot lock out others, and a storm of
-reconnecting slow clients cannot evict a client that has just connected); otherwise the
+longest for its first request's headers, if that one has waited at least
+:data:`MIN_EVICTABLE_WAIT` of the header timeout (slow clients cannot lock out others, a
+storm of reconnecting slow clients cannot evict a client that has just connected, and a
+kept-alive connection that has had an answer is never evicted: a slow client never gets
+one, and its idle time is bounded by the header timeout anyway); otherwise the
 new one gets ``503 too_many_connections`` with ``Retry-After`` and is closed. On shutdown,
 connections still sending a request body are closed at once instead of holding the
 graceful shutdown open.
@@ -47,6 +49,9 @@ class ConnectionLimits:
     body_timeout_s: float = 30.0
     max_connections: int = 4096
 
+
+LINGER_S = 1.0
+"""How long a refused connection's unread input is still drained before it is closed."""
 
 MIN_EVICTABLE_WAIT = 0.25
 """Share of the header timeout a connection must have waited before a new one may evict it."""
@@ -92,6 +97,8 @@ class GuardedH11Protocol(H11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._phase: object = h11.IDLE  # h11's view of the client: IDLE, SEND_BODY, DONE, ...
         self._got_bytes = False
+        self._served = False
+        self._refused = False
 
     # ---------------------------------------------------------------- events
 
@@ -102,13 +109,22 @@ class GuardedH11Protocol(H11Protocol):
         if self.metrics is not None:
             self.metrics.connections_open.set(reg.open)
         if reg.open > self.limits.max_connections and not self._evict_one():
-            self._count("rejected", reason="max_connections")
-            transport.write(raw_error(503, "Service Unavailable", "too_many_connections",
-                                      f"the server holds {self.limits.max_connections} connections "
-                                      "(--max-connections), all busy; retry later", self.retry_after_s))
-            transport.close()
+            self._refuse()
             return
         self._wait_for("headers")
+
+    def _refuse(self) -> None:
+        """Answer 503 and close gently: closing a socket with the client's request unread
+        would reset the connection and could destroy the answer before the client reads it
+        (a "lingering close", as web servers do)."""
+        self._count("rejected", reason="max_connections")
+        self._refused = True
+        self.transport.write(raw_error(503, "Service Unavailable", "too_many_connections",
+                                       f"the server holds {self.limits.max_connections} connections "
+                                       "(--max-connections), all busy; retry later", self.retry_after_s))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.registry.open -= 1
@@ -118,6 +134,8 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # read and dropped until the lingering close
         self._got_bytes = True
         super().data_received(data)
         self._follow_client()
@@ -125,6 +143,7 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._got_bytes = False
+        self._served = True
         # A pipelined next request may already be complete (handled inside super()).
         self._follow_client()
 
@@ -157,7 +176,8 @@ class GuardedH11Protocol(H11Protocol):
         self._stop_waiting()
         if phase == "headers":
             self._phase = h11.IDLE
-            self.registry.waiting[self] = time.monotonic()
+            if not self._served:  # a connection that has had an answer is a real client's
+                self.registry.waiting[self] = time.monotonic()
         seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
         self._timer = self.loop.call_later(seconds, self._timed_out, phase, seconds)
 
