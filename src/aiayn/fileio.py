@@ -151,15 +151,42 @@ def write_all_atomic(contents: Mapping[Path, str | bytes], durable: bool = True)
 
 
 def check_empty_dir(path: str | os.PathLike, force: bool = False,
-                    error: type[AiaynError] = AiaynError) -> Path:
-    """``path`` as a Path, if it may be (re)written as an output directory: absent, empty,
-    or ``force``. Anything else raises ``error`` with one line naming it."""
+                    error: type[AiaynError] = AiaynError, *, inputs: Sequence[str | os.PathLike] = (),
+                    own: Callable[[Path], bool] | None = None, flag: str = "--out",
+                    hint: str = "use --force to replace it") -> Path:
+    """``path`` as a Path, if it may be (re)written as an output directory. The one rule of
+    every command that writes a directory:
+
+    - it must not be, or contain, one of ``inputs`` (even with ``force``);
+    - it must be absent, empty, ``force`` given, or ``own(path)``: a directory this command
+      wrote itself and continues (a run directory it resumes, prepared data it rebuilds);
+    - its parent must accept a new directory (probed, so the check fails before any work).
+
+    Anything else raises ``error`` with one line naming it (and ``hint``: what to do).
+    """
     path = Path(path)
+    if inputs:
+        check_not_inside(path, inputs, flag)
     if path.exists() and not path.is_dir():
         raise error(f"{path}: exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not force:
-        raise error(f"{path}: directory exists and is not empty (use --force to replace it)")
+    if path.is_dir() and any(path.iterdir()) and not force and not (own is not None and own(path)):
+        raise error(f"{path}: directory exists and is not empty ({hint})")
+    _probe_dir(path, error)
     return path
+
+
+def _probe_dir(path: Path, error: type[AiaynError]) -> None:
+    """Fail now, in one line, if no directory can be created where ``path`` will be."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise error(f"{path}: {parent} is not a directory")
+    try:
+        probe = _create_unique(parent, f"{temp_prefix(path)}probe-", os.mkdir)
+    except AiaynError as exc:
+        raise error(str(exc)) from None
+    probe.rmdir()
 
 
 def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = (),
@@ -221,16 +248,17 @@ def replace_dir(tmp: str | os.PathLike, out: str | os.PathLike, aside: str | os.
 
 @contextmanager
 def atomic_dir(path: str | os.PathLike, force: bool = False, *, prefix: str | None = None,
-               durable: bool = False, error: type[AiaynError] = AiaynError) -> Iterator[Path]:
+               durable: bool = False, error: type[AiaynError] = AiaynError,
+               inputs: Sequence[str | os.PathLike] = ()) -> Iterator[Path]:
     """A temporary directory beside ``path`` that becomes ``path`` when the block succeeds.
 
-    An existing non-empty ``path`` is refused unless ``force`` (:func:`check_empty_dir`,
-    raising ``error``); with it, the old directory is replaced only once the new one is
-    complete. Every temporary name starts with ``prefix`` (default ``.NAME.tmp-``), the old
-    directory's too while it is moved aside. ``durable``: every file and directory is
-    fsynced before the rename.
+    An existing non-empty ``path`` is refused unless ``force``, and one that is or holds any
+    of ``inputs`` always (:func:`check_empty_dir`, raising ``error``); with ``force``, the
+    old directory is replaced only once the new one is complete. Every temporary name starts
+    with ``prefix`` (default ``.NAME.tmp-``), the old directory's too while it is moved aside.
+    ``durable``: every file and directory is fsynced before the rename.
     """
-    path = check_empty_dir(path, force, error)
+    path = check_empty_dir(path, force, error, inputs=inputs)
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = prefix if prefix is not None else temp_prefix(path)
     tmp = make_temp_dir(path, prefix)
@@ -252,6 +280,9 @@ UTF8_MODES = ("error", "replace", "skip")
 # (sacreBLEU's command line: str.rstrip).
 STRIP_MODES = ("both", "eol", "trailing")
 GZIP_MAGIC = b"\x1f\x8b"
+# A NUL is valid UTF-8 but no text: a binary file, or a corrupted one. Treated like invalid
+# UTF-8 (an error, replaced by U+FFFD, or skipped, as the caller asks).
+NUL_REASON = "NUL byte"
 BOM = b"\xef\xbb\xbf"
 
 
@@ -301,6 +332,8 @@ def _raw_lines(stream: IO[bytes], name: str, compressed: bool) -> Iterator[tuple
         lineno += 1
         if lineno == 1 and raw.startswith(BOM):
             raw, offset = raw[len(BOM):], len(BOM)
+            if not raw:  # a file holding only a byte-order mark has no lines
+                return
         yield offset, raw[:-1] if raw.endswith(b"\n") else raw
         offset += len(raw)
 
@@ -318,12 +351,17 @@ def decode_line(raw: bytes, where: str, lineno: int, on_invalid_utf8: str = "err
     the byte of the file; ``hint`` says how to go on.
     """
     try:
+        if b"\0" in raw:
+            raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, NUL_REASON)
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         if on_invalid_utf8 == "replace":
-            return raw.decode("utf-8", errors="replace")
+            return raw.decode("utf-8", errors="replace").replace("\0", "\ufffd")
         if on_invalid_utf8 == "skip":
             return None
+        if exc.reason == NUL_REASON:
+            raise DataError(f"{where}:{lineno}: NUL byte at byte {exc.start} of the line: not a text file?"
+                            + (f"; {hint}" if hint else "")) from None
         in_file = ""
         if offset is not None:
             in_file = f" (byte {offset + exc.start} of the {'decompressed ' if compressed else ''}file)"
@@ -347,6 +385,8 @@ def iter_text_lines(path: str | os.PathLike, on_invalid_utf8: str = "error", *, 
             text: str | None
             try:
                 text = raw.decode("utf-8")
+                if b"\0" in raw:
+                    raise UnicodeDecodeError("utf-8", raw, raw.index(b"\0"), raw.index(b"\0") + 1, NUL_REASON)
             except UnicodeDecodeError:
                 text = decode_line(raw, str(path), lineno, on_invalid_utf8, offset=offset,
                                    compressed=compressed, hint=hint)

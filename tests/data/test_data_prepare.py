@@ -235,7 +235,7 @@ def test_refuses_to_overwrite_foreign_directory(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "precious.txt").write_text("keep me")
     cfg = DataConfig(train_src=write(tmp_path / "t.en", SRC), train_tgt=write(tmp_path / "t.de", TGT))
-    with pytest.raises(DataError, match="refusing to overwrite"):
+    with pytest.raises(DataError, match="directory exists and is not empty"):
         prepare_data(cfg, tmp_path / "out", progress=False)
     assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
 

@@ -62,13 +62,22 @@ def tricky_file(tmp_path: Path) -> Path:
 def test_line_count_preserved_with_empty_long_and_invalid_lines(tiny_checkpoint, tricky_file, capsysbinary,
                                                                 monkeypatch) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-                              "--on-invalid-utf8", "replace", "--max-len-b", "3"], capsysbinary, monkeypatch)
+                              "--on-invalid-utf8", "replace", "--truncate", "--max-len-b", "3"],
+                             capsysbinary, monkeypatch)
     assert code == 0, err
     lines = _lines(out)
     assert len(lines) == N_TRICKY
     assert lines[1] == "" and lines[5] == ""
     assert all(line for i, line in enumerate(lines) if i not in (1, 5))
     assert "translated 8 lines" in err
+
+
+def test_a_line_over_the_positions_is_an_error_without_truncate(tiny_checkpoint, tricky_file, capsysbinary,
+                                                                monkeypatch) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
+                              "--on-invalid-utf8", "replace"], capsysbinary, monkeypatch)
+    assert code == 2 and out == b""
+    assert f"{tricky_file}:3: 401 source tokens (with EOS); the model has 64 positions" in err
 
 
 def test_invalid_utf8_is_an_error_naming_the_line(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
@@ -81,8 +90,8 @@ def test_invalid_utf8_is_an_error_naming_the_line(tiny_checkpoint, tricky_file, 
 
 
 def test_stdin_streaming_equals_file(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
-    args = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--max-len-b", "3",
-            "--quiet"]
+    args = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--truncate",
+            "--max-len-b", "3", "--quiet"]
     _, from_file, _ = run_cli(args + ["--input", str(tricky_file)], capsysbinary, monkeypatch)
     for size in ("1", "3", "100"):
         code, from_stdin, err = run_cli(args + ["--buffer-size", size], capsysbinary, monkeypatch, stdin=TRICKY)
@@ -92,7 +101,7 @@ def test_stdin_streaming_equals_file(tiny_checkpoint, tricky_file, capsysbinary,
 
 def test_stdin_invalid_utf8_delivers_earlier_lines_then_fails(tiny_checkpoint, capsysbinary, monkeypatch) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--buffer-size", "10",
-                              "--max-len-b", "2"], capsysbinary, monkeypatch, stdin=TRICKY)
+                              "--max-len-b", "2", "--truncate"], capsysbinary, monkeypatch, stdin=TRICKY)
     assert code == 2
     assert "<stdin>:4: invalid UTF-8" in err
     assert len(_lines(out)) == 3
@@ -100,7 +109,7 @@ def test_stdin_invalid_utf8_delivers_earlier_lines_then_fails(tiny_checkpoint, c
 
 def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, tmp_path: Path) -> None:
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file), "--quiet",
-            "--on-invalid-utf8", "replace", "--max-len-b", "3", "--nbest", "3"]
+            "--on-invalid-utf8", "replace", "--truncate", "--max-len-b", "3", "--nbest", "3"]
     code, out, err = run_cli(base + ["--scores"], capsysbinary, monkeypatch)
     assert code == 0, err
     lines = _lines(out)
@@ -123,7 +132,7 @@ def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, 
 
 def test_bad_options_fail_before_output(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-                              "--on-invalid-utf8", "replace", "--nbest", "5"], capsysbinary, monkeypatch)
+                              "--on-invalid-utf8", "replace", "--truncate", "--nbest", "5"], capsysbinary, monkeypatch)
     assert code == 2 and out == b"" and "nbest" in err
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", "/nonexistent"],
                              capsysbinary, monkeypatch)
@@ -148,7 +157,7 @@ def test_real_process_streams_stdin(tiny_checkpoint) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "aiayn", "translate", "--checkpoint", str(tiny_checkpoint), "--max-len-b", "2",
-         "--buffer-size", "2", "--on-invalid-utf8", "replace"],
+         "--buffer-size", "2", "--on-invalid-utf8", "replace", "--truncate"],
         input=TRICKY, capture_output=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr.decode()
     assert len(_lines(proc.stdout)) == N_TRICKY
@@ -156,7 +165,7 @@ def test_real_process_streams_stdin(tiny_checkpoint) -> None:
 
 def test_int8_translation(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
     args = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-            "--on-invalid-utf8", "replace"]
+            "--on-invalid-utf8", "replace", "--truncate"]
     code, out, err = run_cli([*args, "--dtype", "int8"], capsysbinary, monkeypatch)
     assert code == 0, err
     assert len(_lines(out)) == N_TRICKY

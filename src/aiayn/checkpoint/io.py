@@ -381,7 +381,11 @@ def verify_checkpoint(path: str | Path) -> None:
         raise CheckpointError(f"{path}: incomplete checkpoint ({MANIFEST_FILE} missing); "
                               "it was probably interrupted while being written")
     listed: dict[str, str] = {}
-    for lineno, line in enumerate(manifest.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{manifest}: not UTF-8 text (byte {exc.start}): the checkpoint is corrupted") from None
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         digest, sep, name = line.partition("  ")
@@ -406,7 +410,10 @@ def verify_checkpoint(path: str | Path) -> None:
 
 def _inside(root: Path, path: Path) -> bool:
     """Whether ``path`` (symlinks and ``..`` resolved) lies inside ``root``."""
-    root_r, path_r = root.resolve(), path.resolve()
+    try:
+        root_r, path_r = root.resolve(), path.resolve()
+    except (OSError, ValueError):  # a NUL in the name, a name too long, a symlink loop
+        return False
     return path_r != root_r and root_r in path_r.parents
 
 

@@ -26,6 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "prepare", help="train the tokenizer and binarize a corpus",
         description="Train SentencePiece and binarize train/valid/test into OUT, writing OUT/summary.json.")
     p.add_argument("--out", required=True, help="output directory (the prepared data)")
+    p.add_argument("--force", action="store_true",
+                   help="replace a non-empty --out (a directory prepare wrote is rebuilt without it)")
     p.add_argument("--config", help="YAML experiment file; its data section gives the defaults")
     p.add_argument("--task", choices=("translation", "parsing"), default="translation",
                    help="translation (default), or constituency parsing of the Penn Treebank")
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.data.prepare import prepare_data
 
     cfg = config_from_args(args)
-    summary = prepare_data(cfg, args.out, progress=not args.quiet)
+    summary = prepare_data(cfg, args.out, progress=not args.quiet, force=args.force)
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False))
     else:
@@ -132,7 +134,8 @@ def _run_parsing(args: argparse.Namespace) -> int:
         ptb = Path(args.data_dir) / "ptb-sample"
     else:
         raise DataError("--task parsing needs --ptb-dir (or --data-dir holding ptb-sample/)")
-    summary = prepare_parsing_data(ptb, args.out, config_from_args(args), progress=not args.quiet)
+    summary = prepare_parsing_data(ptb, args.out, config_from_args(args), progress=not args.quiet,
+                                   force=args.force)
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False))
     else:

@@ -52,6 +52,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     options.add_device_flags(p)
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut a line longer than the model's source positions (with a warning naming it); "
+                        "by default such a line is an error")
     p.add_argument("--buffer-size", type=int, default=None,
                    help="stdin: lines per buffer (default 1 from a terminal, 64 from a pipe)")
     options.add_on_invalid_utf8(p)
@@ -88,6 +91,17 @@ def read_file_lines(path: Path, on_invalid_utf8: str) -> list[str]:
     anywhere is reported first."""
     lines = fileio.read_text_lines(path, _utf8_mode(on_invalid_utf8), strip="eol", hint=_UTF8_HINT)
     return [line for line in lines if line is not None]  # None only under "skip"
+
+
+def check_lengths(translator: Any, chunk: list[str], first_lineno: int, where: str) -> None:
+    """Refuse a line the model cannot read whole: cutting it would be a silent loss."""
+    limit = translator.max_src_len
+    if limit is None:
+        return
+    for k, n in enumerate(translator.source_lengths(chunk)):
+        if n > limit:
+            raise DataError(f"{where}:{first_lineno + k}: {n} source tokens (with EOS); the model has {limit} "
+                            "positions: split the line, or use --truncate to cut it")
 
 
 # -------------------------------------------------------------------------- output
@@ -162,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
 
     def translate(chunk: list[str], first_lineno: int, bar: Any = None) -> None:
         nonlocal done
+        if not args.truncate:
+            check_lengths(translator, chunk, first_lineno, "<stdin>" if from_stdin else args.input)
         results = translator.translate_detailed(chunk, nbest=args.nbest, progress=bar.update if bar else None,
                                                 **overrides)
         writer.write([format_result(r, first_lineno + k, cfg.nbest, args.format, args.scores)

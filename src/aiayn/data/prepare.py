@@ -50,8 +50,8 @@ from aiayn.data.binarize import (
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
-from aiayn.fileio import atomic_dir, atomic_file, make_temp_dir
-from aiayn.text.tokenizer import Tokenizer, train_tokenizer
+from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir, make_temp_dir
+from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -250,7 +250,7 @@ def _old_summary(out: Path) -> dict[str, Any]:
 
 def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = True,
                  extra_files: dict[str, Path] | None = None,
-                 extra_summary: dict[str, Any] | None = None) -> dict[str, Any]:
+                 extra_summary: dict[str, Any] | None = None, force: bool = False) -> dict[str, Any]:
     """Build the prepared directory ``out_dir`` from ``cfg``; return (and write) the summary.
 
     ``extra_files`` (name -> file) are copied into the directory and ``extra_summary`` merged
@@ -258,8 +258,7 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     """
     t0 = time.perf_counter()
     cfg.validate()
-    out = Path(out_dir)
-    _check_out_dir(out)
+    out = check_empty_dir(out_dir, force, DataError, inputs=_input_paths(cfg, extra_files), own=_is_prepared)
     sources = resolve_sources(cfg, progress)
     old = _old_summary(out)
     timings: dict[str, float] = {}
@@ -283,12 +282,17 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     return summary
 
 
-def _check_out_dir(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise DataError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / SUMMARY).is_file():
-        raise DataError(f"{out}: refusing to overwrite a non-empty directory that is not a prepared-data "
-                        f"directory (no {SUMMARY}); choose another --out")
+def _is_prepared(out: Path) -> bool:
+    """A directory this command wrote: rebuilt in place, reusing what did not change."""
+    return (out / SUMMARY).is_file()
+
+
+def _input_paths(cfg: DataConfig, extra_files: dict[str, Path] | None) -> list[str | Path]:
+    """Files and folders ``prepare`` reads: the output directory must not be or hold one."""
+    names = ("data_dir", "download_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt",
+             "train_tsv", "valid_tsv", "test_tsv")
+    paths: list[str | Path] = [v for v in (getattr(cfg, n) for n in names) if v]
+    return paths + list((extra_files or {}).values())
 
 
 def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old: dict[str, Any],
@@ -394,6 +398,14 @@ def _has_text(out: Path, role: str) -> bool:
 
 
 def _train(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
+    try:
+        return _train_tokenizer(cfg, train, tmp)
+    except EmptyTrainingText:
+        raise DataError(f"{train.name}: no training sentences (empty files, or every pair was dropped as "
+                        "empty or too long)") from None
+
+
+def _train_tokenizer(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
     settings = _spm_settings(cfg)
 
     def side(i: int) -> Iterator[str]:
@@ -491,7 +503,7 @@ def _write_text(path: Path, lines: Iterator[str]) -> None:
 
 
 def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: DataConfig,
-                         progress: bool = True) -> dict[str, Any]:
+                         progress: bool = True, force: bool = False) -> dict[str, Any]:
     """Constituency parsing (paper, section 6.2) as translation: words -> linearized trees.
 
     :func:`aiayn.data.trees.prepare_parsing` writes the parallel text (and gold trees);
@@ -510,7 +522,7 @@ def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike,
     prepare_parsing = getattr(trees, "prepare_parsing", None)
     if prepare_parsing is None:
         raise DataError("the parsing task is not available yet (aiayn.data.trees.prepare_parsing is missing)")
-    out = Path(out_dir)
+    out = check_empty_dir(out_dir, force, DataError, inputs=[ptb_dir], own=_is_prepared)
     out.parent.mkdir(parents=True, exist_ok=True)
     text_dir = make_temp_dir(out.with_name(out.name + "-text"))
     try:
@@ -527,7 +539,7 @@ def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike,
             cfg, dataset=None, synthetic=None, joint_vocab=False, tgt_spm_model_type="word",
             # An upper bound: the word model keeps every tree symbol there is (soft limit).
             tgt_vocab_size=cfg.tgt_vocab_size or 4096, **files)
-        return prepare_data(pcfg, out, progress, extra_files=gold,
+        return prepare_data(pcfg, out, progress, extra_files=gold, force=force,
                             extra_summary={"task": "parsing", "parsing": text_summary,
                                            "source": {"dataset": "ptb", "synthetic": None,
                                                       "src_lang": "words", "tgt_lang": "trees"}})

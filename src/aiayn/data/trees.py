@@ -247,16 +247,22 @@ def strip_label(label: str) -> str:
     return _FUNCTION_TAG.split(label, 1)[0] or label
 
 
-def _clean(node: Tree) -> Tree | None:
-    """Cleaned copy of ``node``, or None when nothing but empty elements is under it."""
-    if node.is_preterminal:
-        if node.label == TRACE_TAG:
-            return None
-        return Tree(strip_label(node.label), [], node.word)
-    children = [c for c in (_clean(child) for child in node.children) if c is not None]
-    if not children:
-        return None
-    return Tree(strip_label(node.label), children)
+def _clean(root: Tree) -> Tree | None:
+    """Cleaned copy of ``root``, or None when nothing but empty elements is under it.
+    Post-order with a stack, not recursion: a deep tree must not exceed Python's limit."""
+    done: dict[int, Tree | None] = {}
+    stack: list[tuple[Tree, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if node.is_preterminal:
+            done[id(node)] = None if node.label == TRACE_TAG else Tree(strip_label(node.label), [], node.word)
+        elif not children_done:
+            stack.append((node, True))
+            stack.extend((child, False) for child in node.children)
+        else:
+            kids = [k for k in (done.pop(id(child)) for child in node.children) if k is not None]
+            done[id(node)] = Tree(strip_label(node.label), kids) if kids else None
+    return done[id(root)]
 
 
 def clean_tree(tree: Tree) -> Tree | None:

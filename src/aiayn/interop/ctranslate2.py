@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from aiayn.config import Config, save_config
-from aiayn.fileio import atomic_dir
+from aiayn.fileio import atomic_dir, check_empty_dir
 from aiayn.interop.hf_marian import (
     BOS,
     InteropError,
@@ -140,6 +140,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     """``aiayn export ctranslate2``: checkpoint -> HF Marian (temporary) -> CTranslate2."""
     require("ctranslate2")
     require("transformers")
+    check_empty_dir(out_dir, force, InteropError, inputs=[checkpoint])
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise InteropError(f"quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
     model, cfg, tokenizer = load_for_export(checkpoint)

@@ -52,7 +52,7 @@ from torch import Tensor
 from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint, save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import AiaynError
-from aiayn.fileio import atomic_dir
+from aiayn.fileio import atomic_dir, check_empty_dir
 from aiayn.interop import spm_proto
 from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
 from aiayn.model import Transformer, build_model
@@ -354,7 +354,7 @@ def export_hf(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, force: 
     """``aiayn export hf``: write a directory ``MarianMTModel.from_pretrained`` loads."""
     require("transformers")
     model, cfg, tokenizer = load_for_export(checkpoint)
-    with atomic_dir(out_dir, force, error=InteropError) as tmp:
+    with atomic_dir(out_dir, force, error=InteropError, inputs=[checkpoint]) as tmp:
         save_hf_dir(model, cfg, tokenizer, tmp)
     log.info("exported %s to %s (MarianMTModel, %s sinusoids%s)", checkpoint, out_dir,
              cfg.model.sinusoid_layout,
@@ -663,9 +663,7 @@ def _id(vocab: dict[str, int], name: str, hf_dir: Path) -> int:
 def import_hf(hf_dir: str | os.PathLike, out_checkpoint: str | os.PathLike, force: bool = False) -> Path:
     """``aiayn import hf``: convert a local MarianMT directory into an aiayn checkpoint."""
 
-    out = Path(out_checkpoint)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise InteropError(f"{out}: exists (use --force to replace it)")
+    out = check_empty_dir(out_checkpoint, force, InteropError, inputs=[hf_dir])
     model, cfg, tokenizer = load_marian(hf_dir)
     state = {"step": 0, "imported_from": str(Path(hf_dir).resolve()), "source_format": "hf-marian"}
     path = save_checkpoint(out, model, cfg, tokenizer=tokenizer, state=state)

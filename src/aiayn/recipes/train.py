@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from aiayn.data.batching import BatchIterator
 from aiayn.data.prepare import ensure_prepared, load_split, load_tokenizer, split_text
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.evaluation.bleu import corpus_bleu
+from aiayn.fileio import check_empty_dir
 from aiayn.inference.translator import Translator
 from aiayn.model import Transformer, build_model
 from aiayn.training.distributed import DistInfo, barrier, cleanup, init_distributed
@@ -204,6 +206,11 @@ def _check_fp16(cfg: Config) -> None:
                           "scaler); use bf16 on CPU")
 
 
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds a run's files (checkpoints, metrics or its log): a run to resume."""
+    return any((path / name).exists() for name in (ckpt_io.CHECKPOINTS_DIR, "metrics.jsonl", "train.log"))
+
+
 def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
     """Train ``cfg`` in ``run_dir``: fresh, or resumed from ``resume`` / the run directory's
     last checkpoint. The entry point of ``aiayn train`` (also under torchrun)."""
@@ -214,19 +221,27 @@ def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = N
     info, device = init_distributed(cfg.train.device)
     run_dir = Path(run_dir)
     handler = None
+    created = False
     try:
         if info.is_main:
+            # Resumed when it is a run directory; anything else non-empty is somebody's data.
+            check_empty_dir(run_dir, own=is_run_dir, hint="and holds no run to resume: choose another directory")
+            created = not run_dir.exists()
             run_dir.mkdir(parents=True, exist_ok=True)
             handler = _setup_file_logging(run_dir)
         else:
             logging.getLogger("aiayn").setLevel(logging.WARNING)
         barrier(info)
         resume_from = _resume_point(run_dir, resume, cfg.train.keep_last, info)
-        summary = build_trainer(cfg, run_dir, info, device, resume_from).train()
+        trainer = build_trainer(cfg, run_dir, info, device, resume_from)
+        created = False  # training starts: from here on the directory is the run's record
+        summary = trainer.train()
         barrier(info)
         return summary
     finally:
         if handler is not None:
             logging.getLogger("aiayn").removeHandler(handler)
             handler.close()
+        if created:  # refused before training began (bad data, resume point, ...): leave nothing
+            shutil.rmtree(run_dir, ignore_errors=True)
         cleanup()

@@ -40,6 +40,11 @@ from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK,
 log = logging.getLogger(__name__)
 
 
+class EmptyTrainingText(DataError):
+    """No sentence to train SentencePiece on (the caller knows which files those were)."""
+
+
+
 JOINT_MODEL = "spm.model"
 SRC_MODEL = "spm.src.model"
 TGT_MODEL = "spm.tgt.model"
@@ -269,7 +274,7 @@ def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, ch
         if failure:
             raise failure[0] from None
         if seen[0] == 0:
-            raise DataError("no sentences to train the tokenizer on: the training text is empty") from None
+            raise EmptyTrainingText("no sentences to train the tokenizer on: the training text is empty") from None
         raise DataError(f"SentencePiece training failed: {exc}") from None
     if failure:
         raise failure[0]

@@ -8,6 +8,7 @@ so callers and tests know what they get.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from aiayn.fileio import atomic_path, check_output_file
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +65,15 @@ def heads_size(n_heads: int, n_tgt: int, n_src: int) -> tuple[int, int]:
     return cols * panel_w + 80, rows * panel_h + 60
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_png(fig: Figure, path: str | Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` atomically (its folder is created)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # an unwritable place: check_output_file says so in one line
+        path.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(path, flag="--out")
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=DPI, format="png")
+    with atomic_path(path, durable=False) as tmp:
+        fig.savefig(tmp, dpi=DPI, format="png")
     log.info("wrote %s", path)
     return path
 
@@ -103,7 +110,7 @@ def plot_attention(weights: Any, src_tokens: Sequence[str], tgt_tokens: Sequence
     if title:
         ax.set_title(title)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_heads(attn: Any, src_tokens: Sequence[str], tgt_tokens: Sequence[str], path: str | Path,
@@ -139,4 +146,4 @@ def plot_heads(attn: Any, src_tokens: Sequence[str], tgt_tokens: Sequence[str], 
     fig.suptitle(heading)
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.02, pad=0.01)
-    return _save(fig, path)
+    return save_png(fig, path)

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from aiayn.errors import DataError
+from aiayn.viz.attention import save_png
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +138,4 @@ def plot_curves(runs: str | Path | Sequence[str | Path], path: str | Path,
         axes[j // cols][j % cols].set_axis_off()
     if title or len(data) == 1:
         fig.suptitle(title or data[0].name)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=DPI, format="png")
-    log.info("wrote %s", path)
-    return path
+    return save_png(fig, path)

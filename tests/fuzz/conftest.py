@@ -1,0 +1,32 @@
+"""Property-based fuzzing of the parsers of untrusted text (Hypothesis).
+
+Every property runs twice: a bounded, derandomized run in the default suite (the same
+examples on every machine, so CI cannot flake) and a long randomized campaign marked
+``slow`` (``make test-slow``). No example database is written into the repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+DEFAULT = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+LONG = settings(max_examples=2000, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="session")
+def fuzz() -> Callable[..., tuple[Callable[..., None], Callable[..., None]]]:
+    """``fuzz(check, *strategies) -> (bounded_test, long_test)``: two Hypothesis tests of
+    one property (call them from the module's ``test_*`` functions)."""
+
+    def make(check: Callable[..., Any], *strategies: Any) -> tuple[Callable[..., None], Callable[..., None]]:
+        args = st.tuples(*strategies)
+        return (DEFAULT(given(args)(lambda a: check(*a))), LONG(given(args)(lambda a: check(*a))))
+
+    return make

@@ -1,0 +1,259 @@
+"""The bad-input matrix: every subcommand over a table of bad inputs.
+
+Each row runs ``aiayn ARGS`` in-process and asserts: exit code 2; one error line, which
+names the file, line or field (``expect``); no traceback; every input file byte-identical
+afterwards; no output left behind where none existed. The table is documented in
+docs/bad-input.md (keep them in step).
+
+Placeholders in ``args``: ``{ck}`` a valid checkpoint, ``{good}`` a valid text file,
+``{ref}`` a reference with as many lines, ``{out}`` a fresh output path, and one name per
+bad file built by :func:`_files` (``{empty}``, ``{badutf8}``, ``{nul}``, ``{huge}``,
+``{pickled}``, ``{truncated}``, ``{garbage_cfg}``, ``{nonempty}``, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+
+WORDS = "a man woman dog cat is riding walking on the street with red blue ball bike in park".split()
+
+
+class Case(NamedTuple):
+    id: str
+    args: str  # split on spaces after formatting
+    expect: str  # must appear in the error line (the file, line or field it names)
+
+
+MATRIX: list[Case] = [
+    # ---------------------------------------------------------------- translate
+    Case("translate/missing-input", "translate --checkpoint {ck} -i {missing}", "missing.txt: file not found"),
+    Case("translate/dir-input", "translate --checkpoint {ck} -i {dir}", "is a directory"),
+    Case("translate/invalid-utf8", "translate --checkpoint {ck} -i {badutf8}", "badutf8.txt:2: invalid UTF-8"),
+    Case("translate/nul-byte", "translate --checkpoint {ck} -i {nul}", "nul.txt:2: NUL byte"),
+    Case("translate/huge-line", "translate --checkpoint {ck} -i {huge}", "huge.txt:1: 400001 source tokens"),
+    Case("translate/output-is-input", "translate --checkpoint {ck} -i {good} -o {good}", "good.txt"),
+    Case("translate/output-unwritable", "translate --checkpoint {ck} -i {good} -o /proc/x", "/proc"),
+    Case("translate/output-is-dir", "translate --checkpoint {ck} -i {good} -o {dir}", "is a directory"),
+    Case("translate/output-under-file", "translate --checkpoint {ck} -i {good} -o {good}/x", "good.txt"),
+    Case("translate/bogus-device", "translate --checkpoint {ck} -i {good} --device bogus", "--device"),
+    Case("translate/bogus-dtype", "translate --checkpoint {ck} -i {good} --dtype fp7", "--dtype"),
+    Case("translate/nan-lenpen", "translate --checkpoint {ck} -i {good} --lenpen nan", "lenpen"),
+    Case("translate/zero-beam", "translate --checkpoint {ck} -i {good} --beam 0", "beam"),
+    Case("translate/missing-checkpoint", "translate --checkpoint {missing} -i {good}", "missing.txt"),
+    Case("translate/pickled-checkpoint", "translate --checkpoint {pickled} -i {good}", "model.safetensors"),
+    Case("translate/truncated-checkpoint", "translate --checkpoint {truncated} -i {good}", "model.safetensors"),
+    Case("translate/garbage-config", "translate --checkpoint {garbage_cfg} -i {good}", "config.yaml"),
+    Case("translate/nan-weights", "translate --checkpoint {nan_weights} -i {good}", "NaN or infinite"),
+    # ---------------------------------------------------------------- evaluate
+    Case("evaluate/missing-hyp", "evaluate --hyp {missing} --ref {ref}", "missing.txt: file not found"),
+    Case("evaluate/empty-hyp", "evaluate --hyp {empty} --ref {ref}", "empty.txt"),
+    Case("evaluate/line-count", "evaluate --hyp {good} --ref {short}", "short.txt"),
+    Case("evaluate/invalid-utf8", "evaluate --hyp {badutf8} --ref {ref4}", "badutf8.txt:2"),
+    Case("evaluate/output-is-ref", "evaluate --checkpoint {ck} --input {good} --ref {ref} --output {ref}", "ref.txt"),
+    Case("evaluate/output-unwritable", "evaluate --checkpoint {ck} --input {good} --ref {ref} --output /proc/x",
+         "/proc"),
+    # ---------------------------------------------------------------- average
+    Case("average/out-is-input", "average {ck} {ck2} --out {ck}", "--out"),
+    Case("average/out-nonempty", "average {ck} {ck2} --out {nonempty}", "not empty"),
+    Case("average/missing", "average {ck} {missing} --out {out}", "missing.txt"),
+    Case("average/pickled", "average {ck} {pickled} --out {out}", "model.safetensors"),
+    # ---------------------------------------------------------------- prepare
+    Case("prepare/missing-corpus", "prepare --train-src {missing} --train-tgt {good} --out {out}", "missing.txt"),
+    Case("prepare/empty-corpus", "prepare --train-src {empty} --train-tgt {empty} --out {out}", "empty.txt"),
+    Case("prepare/invalid-utf8", "prepare --train-src {badutf8} --train-tgt {ref4} --out {out}", "badutf8.txt:2"),
+    Case("prepare/misaligned", "prepare --train-src {good} --train-tgt {short} --out {out}", "short.txt"),
+    Case("prepare/out-nonempty", "prepare --train-src {good} --train-tgt {ref} --out {nonempty}", "not empty"),
+    Case("prepare/out-unwritable", "prepare --train-src {good} --train-tgt {ref} --out /proc/x", "/proc"),
+    Case("prepare/out-is-file", "prepare --train-src {good} --train-tgt {ref} --out {good}", "good.txt"),
+    # ---------------------------------------------------------------- train
+    Case("train/missing-config", "train --config {missing} --run-dir {out}", "missing.txt"),
+    Case("train/invalid-yaml", "train --config {bad_yaml} --run-dir {out}", "bad.yaml"),
+    Case("train/nan-override", "train --config {cfg} --run-dir {out} train.lr=nan", "train.lr"),
+    Case("train/unknown-key", "train --config {cfg} --run-dir {out} train.lr_typo=1", "lr_typo"),
+    Case("train/bogus-device", "train --config {cfg} --run-dir {out} --device bogus", "--device"),
+    Case("train/missing-data", "train --config {cfg} --run-dir {out} data.prepared_dir={missing}", "missing.txt"),
+    Case("train/missing-resume", "train --config {cfg} --run-dir {out} --resume {missing}", "missing.txt"),
+    Case("train/run-dir-nonempty", "train --config {cfg} --run-dir {nonempty}", "not empty"),
+    # ---------------------------------------------------------------- parse
+    Case("parse/missing-input", "parse --checkpoint {ck} --input {missing}", "missing.txt"),
+    Case("parse/pickled-checkpoint", "parse --checkpoint {pickled} --input {good}", "model.safetensors"),
+    # ---------------------------------------------------------------- export / import
+    Case("export/missing-checkpoint", "export hf {missing} {out}", "missing.txt"),
+    Case("export/out-nonempty", "export hf {ck} {nonempty}", "not empty"),
+    Case("export/out-is-checkpoint", "export hf {ck} {ck} --force", "would replace the input"),
+    Case("import/missing", "import hf {missing} {out}", "missing.txt"),
+    Case("import/not-marian", "import hf {hf_pickle} {out}", "hf_pickle"),
+    Case("import/out-nonempty", "import hf {hf_pickle} {nonempty}", "not empty"),
+    # ---------------------------------------------------------------- model-info, plot, serve, demo
+    Case("model-info/bogus-preset", "model-info --preset huge-ish", "preset"),
+    Case("model-info/nan-size", "model-info model.dropout=nan", "model.dropout"),
+    Case("model-info/heads", "model-info model.d_model=100 model.n_heads=3", "n_heads"),
+    Case("plot/missing-run", "plot curves {missing}", "missing.txt"),
+    Case("plot/out-unwritable", "plot curves {run_with_metrics} --out /proc/x.png", "/proc"),
+    Case("plot/attention-missing", "plot attention --checkpoint {missing} --text a", "missing.txt"),
+    Case("serve/missing-checkpoint", "serve --checkpoint {missing}", "missing.txt"),
+    Case("serve/bogus-device", "serve --checkpoint {ck} --device bogus", "--device"),
+    Case("demo/out-is-file", "demo --out {good}", "good.txt: exists and is not a directory"),
+    Case("demo/out-nonempty", "demo --out {nonempty}", "not empty"),
+]
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.config import Config, DecodeConfig, model_preset
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("matrix_ck")
+    tok = train_tokenizer(_sentences(200, 1), _sentences(200, 2), root / "spm", vocab_size=60, joint=True,
+                          model_type="word")
+    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    max_positions=64),
+                 decode=DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3))
+    paths = []
+    for seed, name in ((0, "ck"), (1, "ck2")):
+        torch.manual_seed(seed)
+        paths.append(save_checkpoint(root / name, build_model(cfg.model).eval(), cfg, tokenizer=tok,
+                                     state={"step": seed + 1}))
+    return paths[0], paths[1]
+
+
+def _broken_checkpoint(src: Path, dst: Path, how: str) -> Path:
+    shutil.copytree(src, dst)
+    weights = dst / "model.safetensors"
+    if how == "pickled":
+        weights.write_bytes(pickle.dumps({"weight": [1.0, 2.0]}))
+    elif how == "truncated":
+        weights.write_bytes(weights.read_bytes()[:1000])
+    elif how == "garbage_cfg":
+        (dst / "config.yaml").write_text("model: [unclosed\n", encoding="utf-8")
+    return dst
+
+
+def _nan_checkpoint(src: Path, dst: Path) -> Path:
+    """A checkpoint whose weights are NaN, saved properly (checksums match): a diverged run."""
+    from aiayn.checkpoint.io import load_checkpoint, save_checkpoint
+
+    loaded = load_checkpoint(src)
+    with torch.no_grad():
+        next(loaded.model.parameters()).fill_(float("nan"))
+    return save_checkpoint(dst, loaded.model, loaded.config, tokenizer=src / "tokenizer", state={"step": 1})
+
+
+def _files(root: Path, ck: Path) -> dict[str, Path]:
+    """The matrix's inputs, bad ones and good ones."""
+    f: dict[str, Path] = {}
+
+    def text(name: str, data: bytes) -> None:
+        f[name] = root / f"{name}.txt"
+        f[name].write_bytes(data)
+
+    good = _sentences(4, 5)
+    text("good", ("\n".join(good) + "\n").encode())
+    text("ref", ("\n".join(_sentences(4, 6)) + "\n").encode())
+    text("ref4", ("\n".join(_sentences(4, 7)) + "\n").encode())
+    text("short", b"one line only\n")
+    text("empty", b"")
+    text("badutf8", b"a man\nthe \xff\xfe dog\n")
+    text("nul", b"a man\nthe \x00 dog\n")
+    text("huge", (" ".join(["dog"] * 400_000) + "\n").encode())
+    f["missing"] = root / "missing.txt"
+    f["dir"] = root / "a_dir"
+    f["dir"].mkdir()
+    f["nonempty"] = root / "nonempty"
+    f["nonempty"].mkdir()
+    (f["nonempty"] / "precious.txt").write_text("keep me\n", encoding="utf-8")
+    f["bad_yaml"] = root / "bad.yaml"
+    f["bad_yaml"].write_text("model: [unclosed\n", encoding="utf-8")
+    for how in ("pickled", "truncated", "garbage_cfg"):
+        f[how] = _broken_checkpoint(ck, root / how, how)
+    f["nan_weights"] = _nan_checkpoint(ck, root / "nan_weights")
+    f["cfg"] = root / "tiny.yaml"
+    f["cfg"].write_text("model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1}\n"
+                        "data: {synthetic: copy, synthetic_train_size: 50}\ntrain: {max_steps: 1}\n", encoding="utf-8")
+    f["hf_pickle"] = root / "hf_pickle"
+    f["hf_pickle"].mkdir()
+    (f["hf_pickle"] / "config.json").write_text('{"model_type": "marian"}', encoding="utf-8")
+    torch.save({"x": torch.zeros(2)}, f["hf_pickle"] / "pytorch_model.bin")
+    f["run_with_metrics"] = root / "run_with_metrics"
+    f["run_with_metrics"].mkdir()
+    (f["run_with_metrics"] / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n',
+                                                         encoding="utf-8")
+    return f
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Path -> sha256 of every file under ``root`` (and the set of paths itself)."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory, checkpoints: tuple[Path, Path]) -> tuple[Path, dict[str, Path]]:
+    root = tmp_path_factory.mktemp("matrix_in")
+    return root, _files(root, checkpoints[0])
+
+
+# ---------------------------------------------------------------------- the test
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[c.id for c in MATRIX])
+def test_bad_input(case: Case, checkpoints: tuple[Path, Path], inputs: tuple[Path, dict[str, Path]],
+                   tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    if case.id.startswith(("export/", "import/")):
+        pytest.importorskip("transformers", reason="the 'interop' extra is not installed")
+    if case.id.startswith("serve/"):
+        pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
+    root, files = inputs
+    monkeypatch.chdir(tmp_path)  # anything written to a relative path lands here
+    names = {k: str(v) for k, v in files.items()}
+    names.update(ck=str(checkpoints[0]), ck2=str(checkpoints[1]), out=str(tmp_path / "out"))
+    argv = case.args.format(**names).split()
+    watched = [root, checkpoints[0].parent]
+    before = [_snapshot(r) for r in watched]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    errors = [line for line in captured.err.splitlines() if line.startswith("aiayn ")]
+    assert exc.value.code == 2, (exc.value.code, captured.err)
+    assert len(errors) == 1, captured.err
+    assert case.expect in errors[0], errors[0]
+    if os.environ.get("AIAYN_BAD_INPUT_MESSAGES"):  # docs/bad-input.md's examples come from here
+        with open(os.environ["AIAYN_BAD_INPUT_MESSAGES"], "a", encoding="utf-8") as f:
+            f.write(f"{case.id}\t{errors[0].replace(str(root) + '/', '').replace(str(tmp_path) + '/', '')}\n")
+    assert [_snapshot(r) for r in watched] == before, "an input changed"
+    assert not (tmp_path / "out").exists(), "an output was left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "stray files in the working directory"
+
+
+def test_the_documented_table_is_this_table() -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "bad-input.md").read_text(encoding="utf-8")
+    documented = re.findall(r"^\| `([a-z0-9-]+/[a-z0-9-]+)` \|", doc, re.M)
+    assert documented == [c.id for c in MATRIX]
