@@ -133,6 +133,15 @@ def manifest_tests(fuzz, checkpoint: Path, tmp_path_factory):
     return fuzz(lambda m: check_manifest(checkpoint, tmp, m), manifest), fuzz(lambda y: check_config(tmp, y), yaml_text)
 
 
+def test_a_manifest_name_too_long_for_the_filesystem(checkpoint: Path, tmp_path: Path) -> None:
+    # Found by the long campaign: Path.is_file() raised OSError (ENAMETOOLONG).
+    target = shutil.copytree(checkpoint, tmp_path / "ck")
+    manifest = target / MANIFEST_FILE
+    manifest.write_text(manifest.read_text(encoding="utf-8") + "0" * 64 + "  " + "x" * 300 + "\n", encoding="utf-8")
+    with pytest.raises(AiaynError, match="missing"):
+        verify_checkpoint(target)
+
+
 def test_manifest_and_config(manifest_tests) -> None:
     manifest_tests[0][0]()
     manifest_tests[1][0]()

@@ -377,14 +377,35 @@ def verify_checkpoint(path: str | Path) -> None:
     """Check that the checkpoint is complete and every file matches its checksum."""
     path = Path(path)
     manifest = path / MANIFEST_FILE
+    listed = _read_manifest(path, manifest)
+    for name in REQUIRED_FILES:
+        if name not in listed:
+            raise CheckpointError(f"{path}: {name} is not listed in {MANIFEST_FILE}")
+    for name, digest in listed.items():
+        f = path / name
+        try:
+            present = f.is_file()
+        except OSError:  # a name too long for the filesystem
+            present = False
+        if not present:
+            raise CheckpointError(f"{f}: missing (listed in {manifest})")
+        actual = _sha256(f)
+        if actual != digest:
+            raise CheckpointError(
+                f"{f}: checksum mismatch (expected sha256 {digest[:12]}..., got {actual[:12]}...); "
+                "the file is corrupted or was modified: use another checkpoint")
+
+
+def _read_manifest(path: Path, manifest: Path) -> dict[str, str]:
+    """File name -> sha256 from ``checksums.sha256``; every name confined to ``path``."""
     if not manifest.is_file():
         raise CheckpointError(f"{path}: incomplete checkpoint ({MANIFEST_FILE} missing); "
                               "it was probably interrupted while being written")
-    listed: dict[str, str] = {}
     try:
         text = manifest.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise CheckpointError(f"{manifest}: not UTF-8 text (byte {exc.start}): the checkpoint is corrupted") from None
+    listed: dict[str, str] = {}
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -394,18 +415,7 @@ def verify_checkpoint(path: str | Path) -> None:
         if not _inside(path, path / name):
             raise CheckpointError(f"{manifest}:{lineno}: {name!r} is outside the checkpoint directory")
         listed[name] = digest
-    for name in REQUIRED_FILES:
-        if name not in listed:
-            raise CheckpointError(f"{path}: {name} is not listed in {MANIFEST_FILE}")
-    for name, digest in listed.items():
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{f}: missing (listed in {manifest})")
-        actual = _sha256(f)
-        if actual != digest:
-            raise CheckpointError(
-                f"{f}: checksum mismatch (expected sha256 {digest[:12]}..., got {actual[:12]}...); "
-                "the file is corrupted or was modified: use another checkpoint")
+    return listed
 
 
 def _inside(root: Path, path: Path) -> bool:
