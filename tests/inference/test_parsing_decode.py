@@ -96,7 +96,7 @@ def test_random_model_gives_a_valid_tree_for_every_sentence(parsing_checkpoint: 
     sentences = [" ".join(t.leaves()) for t in gold_trees] + ["unseen words here ( too )", ""]
     done: list[int] = []
     # Beam 21 and alpha 0.3 as the paper; a short length limit keeps a random model quick.
-    results = parser.parse(sentences, progress=done.append, max_len_b=40)
+    results = parser.parse(sentences, progress=done.append, max_len_b=40, constrained=False)
     assert sum(done) == len(sentences) and len(results) == len(sentences)
     for r in results[:-1]:
         _assert_valid(r)
@@ -120,14 +120,15 @@ def test_parse_path_with_scripted_outputs(gold_trees: list, tmp_path: Path) -> N
     outputs = {" ".join(t.leaves()): " ".join(linearize(t)) for t in gold_trees}
     fake = FakeTranslator(outputs)
     (tmp_path / "valid.gold.txt").write_text("".join(g + "\n" for g in GOLD), encoding="utf-8")
-    scores, results = parse_prepared_split(Parser(fake), tmp_path, "valid")  # type: ignore[arg-type]
+    scores, results = parse_prepared_split(Parser(fake), tmp_path, "valid",  # type: ignore[arg-type]
+                                           constrained=False)
     assert scores["f1"] == 100.0 and scores["repaired"] == 0 and scores["split"] == "valid"
     assert fake.settings == PARSING_DECODE  # the paper's settings reach the search
 
     # Malformed outputs: unbalanced, too few/many placeholders, stray closers, <unk>.
     bad = {fake.seen[0]: "(S (NP XX XX )VP XX XX XX XX", fake.seen[1]: ")S XX ⁇ (NP XX )NP",
            fake.seen[2]: "", fake.seen[3]: "(NP XX XX XX XX XX XX XX XX XX )NP )NP )NP"}
-    results = Parser(FakeTranslator(bad)).parse(fake.seen[:4], beam=2)  # type: ignore[arg-type]
+    results = Parser(FakeTranslator(bad)).parse(fake.seen[:4], beam=2, constrained=False)  # type: ignore[arg-type]
     assert [r.repaired for r in results] == [True, True, True, True]
     for r in results:
         _assert_valid(r)

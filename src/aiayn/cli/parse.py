@@ -45,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", metavar="FILE", help="write the predicted trees here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--no-constraint", dest="constrained", action="store_false",
+                   help="decode freely and repair malformed outputs (the paper's setting); by default the "
+                        "search only produces well-formed trees over exactly the input words")
     g = options.add_decode_flags(
         p, ("beam", "lenpen", "max_len_a", "max_len_b", "batch_tokens"),
         title="decoding (default: the paper's parsing settings, beam 21, alpha 0.3, max length = input + 300)",
@@ -102,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
     with tqdm(total=total, unit="sent", file=sys.stderr, disable=args.quiet, desc="parse") as bar:
         if args.prepared:
             scores, results = parse_prepared_split(parser, args.prepared, args.split, progress=bar.update,
-                                                   **decode)
+                                                   constrained=args.constrained, **decode)
             what = f"{args.prepared} {args.split}"
         else:
-            results = parser.parse(sentences, progress=bar.update, **decode)
+            results = parser.parse(sentences, progress=bar.update, constrained=args.constrained, **decode)
             what = args.input
             if gold is not None:
                 scores = score_parses(gold, results)

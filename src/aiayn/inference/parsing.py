@@ -26,7 +26,9 @@ from typing import Any
 from aiayn.data.trees import PLACEHOLDER, Tree, is_well_formed, read_trees_with_lines, rebuild
 from aiayn.errors import DataError
 from aiayn.evaluation.parsing import evalb
+from aiayn.inference.constraints import TreeConstraint, TreeVocab
 from aiayn.inference.translator import Translator
+from aiayn.vocab import EOS_ID
 
 log = logging.getLogger(__name__)
 
@@ -91,18 +93,30 @@ class Parser:
         self.translator.decode_config(**settings)  # raises ConfigError on a bad option
         return settings
 
+    def tree_constraint(self, word_counts: Sequence[int]) -> Callable[[list[int]], TreeConstraint]:
+        """The grammar for sentences with ``word_counts`` words, per batch of their indices."""
+        tok = self.translator.tokenizer
+        vocab = TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), self.placeholder, EOS_ID)
+        return lambda batch: TreeConstraint(vocab, [word_counts[i] for i in batch])
+
     def parse(self, sentences: Sequence[str | Sequence[str]],
-              progress: Callable[[int], None] | None = None, **decode_overrides: Any) -> list[ParseResult]:
+              progress: Callable[[int], None] | None = None, constrained: bool = True,
+              **decode_overrides: Any) -> list[ParseResult]:
         """Parse each sentence (a string of space-separated words, or a list of words).
 
         Words are PTB-escaped (:func:`ptb_escape`) before decoding. Returns one
         :class:`ParseResult` per sentence, in input order; a sentence without words gets
         ``tree=None``. ``progress`` is called with the number of sentences done per batch.
+        ``constrained`` (default): the search may only produce well-formed trees over exactly
+        the sentence's words (:class:`~aiayn.inference.constraints.TreeConstraint`), so no
+        output needs a repair; False decodes freely and repairs (the paper's setting).
         """
         settings = self.decode_settings(**decode_overrides)
         word_lists = [[ptb_escape(w) for w in (s.split() if isinstance(s, str) else s)] for s in sentences]
         texts = [" ".join(words) for words in word_lists]
         t0 = time.perf_counter()
+        if constrained:
+            settings["constraint_for"] = self.tree_constraint([len(w) for w in word_lists])
         outputs = self.translator.translate_detailed(texts, nbest=1, progress=progress, **settings) if texts else []
         translations = [r.hypotheses[0].text if r.hypotheses else "" for r in outputs]
         # The target vocabulary is one piece per tree symbol, so the decoded text splits

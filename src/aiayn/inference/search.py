@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
+from aiayn.inference.constraints import Constraint, ConstraintState
 from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 logger = logging.getLogger(__name__)
@@ -286,6 +287,7 @@ class _Rows:
     prev: Tensor  # (R,) the token the next step is fed (BOS first)
     tokens: Tensor  # (R, t) the tokens so far
     attn: Tensor | None = None  # (R, t, ..., S) cross-attention of every step so far
+    constraint: ConstraintState | None = None  # what the next token may be (constrained decoding)
 
     def add_attention(self, attn: Tensor | None) -> None:
         """Append a step's cross-attention (R, ..., S), if the model returned one."""
@@ -301,11 +303,15 @@ class _Rows:
         self.tokens = self.tokens.index_select(0, index)
         if self.attn is not None:
             self.attn = self.attn.index_select(0, index)
+        if self.constraint is not None:
+            self.constraint.select(index)
 
     def extend(self, tok: Tensor) -> None:
         """Each row's next token (R,): the next step's input and the last of its tokens."""
         self.prev = tok
         self.tokens = torch.cat([self.tokens, tok[:, None]], dim=1)
+        if self.constraint is not None:
+            self.constraint.advance(tok)
 
 
 @dataclass
@@ -331,6 +337,8 @@ class _Run:
         rows = self.rows
         logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
         lprobs = self.cons.apply(_log_probs(logits), t, rows.tokens, rows.max_len, rows.prefix)
+        if rows.constraint is not None:
+            rows.constraint.mask(lprobs, t)
         rows.add_attention(attn)
         return lprobs
 
@@ -354,7 +362,8 @@ class _Run:
 
 
 def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, nbest: int,
-           prefix: list[list[int]] | None, need_attn: bool, pad: int, bos: int, eos: int) -> _Run | None:
+           prefix: list[list[int]] | None, need_attn: bool, pad: int, bos: int, eos: int,
+           constraint: Constraint | None = None) -> _Run | None:
     """Encode ``src`` and set up ``copies`` rows per sentence; None for an empty batch."""
     device = src.device
     n_sent = src.size(0)
@@ -373,6 +382,8 @@ def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, 
                  prefix=prefix_all.repeat_interleave(copies, dim=0),
                  prev=torch.full((n_rows,), bos, dtype=torch.long, device=device),
                  tokens=torch.empty(n_rows, 0, dtype=torch.long, device=device))
+    if constraint is not None:
+        rows.constraint = constraint.start(sent.to(device), rows.max_len)
     cons = _Constraints(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
     return _Run(model, cfg, cons, need_attn, src_len, max_len, total_steps, state, rows, _Finished(n_sent, nbest))
 
@@ -382,7 +393,8 @@ def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, 
 
 def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
            prefix: list[list[int]] | None = None, need_attn: bool = False,
-           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
+           constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
     """Dispatch on ``cfg``: sampling, greedy (beam 1) or beam search.
 
     Returns, per sentence of ``src``, up to ``cfg.nbest`` hypotheses, best first.
@@ -394,13 +406,15 @@ def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
         strategy = greedy_search
     else:
         strategy = beam_search
-    return strategy(model, src, cfg, prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos)
+    return strategy(model, src, cfg, prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos,
+                    constraint=constraint)
 
 
 @torch.inference_mode()
 def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
                 prefix: list[list[int]] | None = None, need_attn: bool = False,
-                pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+                pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
+                constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
     """Beam search batched over sentences x beams (``cfg.beam`` = K).
 
     Each step scores all K*V continuations of a sentence's live beams and takes the 2K
@@ -413,7 +427,7 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     sentences leave the batch at once.
     """
     run = _start(model, src, cfg, copies=1, nbest=cfg.nbest, prefix=prefix, need_attn=need_attn,
-                 pad=pad, bos=bos, eos=eos)
+                 pad=pad, bos=bos, eos=eos, constraint=constraint)
     if run is None:
         return []
     # The largest length penalty a live hypothesis may still get (at the longest allowed
@@ -512,16 +526,18 @@ def _advance_beams(run: _Run, live: _Beams, k: int, done: Tensor) -> Tensor:
 @torch.inference_mode()
 def greedy_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
                   prefix: list[list[int]] | None = None, need_attn: bool = False,
-                  pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+                  pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
+                  constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
     """The most probable token at each step; one hypothesis per sentence."""
     return _sample_or_greedy(model, src, cfg, greedy=True, prefix=prefix, need_attn=need_attn,
-                             pad=pad, bos=bos, eos=eos)
+                             pad=pad, bos=bos, eos=eos, constraint=constraint)
 
 
 @torch.inference_mode()
 def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
            prefix: list[list[int]] | None = None, need_attn: bool = False,
-           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID) -> list[list[SearchHypothesis]]:
+           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
+           constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
     """``cfg.beam`` independent samples per sentence; the ``cfg.nbest`` best-scored are
     returned, best first (fairseq's ``--sampling --beam K``; beam 1 = plain sampling).
 
@@ -532,7 +548,7 @@ def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     call is reproducible; the draws depend on the batch's composition (as in fairseq).
     """
     return _sample_or_greedy(model, src, cfg, greedy=False, prefix=prefix, need_attn=need_attn,
-                             pad=pad, bos=bos, eos=eos)
+                             pad=pad, bos=bos, eos=eos, constraint=constraint)
 
 
 def _filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -560,10 +576,11 @@ def _draw(lprobs: Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> Ten
 
 def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, greedy: bool,
                       prefix: list[list[int]] | None, need_attn: bool,
-                      pad: int, bos: int, eos: int) -> list[list[SearchHypothesis]]:
+                      pad: int, bos: int, eos: int,
+                      constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
     """One row per (sentence, sample), each extended by its own token until it chooses EOS."""
     run = _start(model, src, cfg, copies=1 if greedy else cfg.beam, nbest=1 if greedy else cfg.nbest,
-                 prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos)
+                 prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos, constraint=constraint)
     if run is None:
         return []
     gen = None

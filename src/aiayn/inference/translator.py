@@ -33,6 +33,7 @@ from aiayn.checkpoint.average import average_weights
 from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
+from aiayn.inference.constraints import Constraint
 from aiayn.inference.prepare import prepare_for_inference
 from aiayn.inference.search import SearchHypothesis, search
 from aiayn.model import Transformer, count_parameters
@@ -171,14 +172,17 @@ class Translator:
     def translate_detailed(self, texts: Sequence[str], nbest: int = 1, attention: bool = False,
                            prefixes: Sequence[str | None] | None = None,
                            progress: Callable[[int], None] | None = None,
+                           constraint_for: Callable[[list[int]], Constraint] | None = None,
                            **decode_overrides: Any) -> list[TranslationResult]:
         """Up to ``nbest`` hypotheses per text with scores, pieces and (optionally) the
         cross-attention of each hypothesis.
 
         ``prefixes``: per text, a target-side text the translation must start with (None or
         "" for none). ``progress`` is called with the number of sentences of each finished
-        batch. An empty (or all-whitespace) text gets one empty hypothesis, without running
-        the model.
+        batch. ``constraint_for``: given the indices (into ``texts``) of a batch's sentences,
+        in batch order, the :class:`~aiayn.inference.constraints.Constraint` their outputs must
+        satisfy (constrained decoding, e.g. the parser's tree grammar). An empty (or
+        all-whitespace) text gets one empty hypothesis, without running the model.
         """
         cfg = self.decode_config(**{**decode_overrides, "nbest": nbest})
         if prefixes is not None and len(prefixes) != len(texts):
@@ -198,7 +202,8 @@ class Translator:
             src = _pad([results[i].src_tokens for i in batch]).to(self.device)
             prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
             hyps = search(self.decoder, src, cfg, prefix=prefix, need_attn=attention,
-                          pad=PAD_ID, bos=BOS_ID, eos=EOS_ID)
+                          pad=PAD_ID, bos=BOS_ID, eos=EOS_ID,
+                          constraint=constraint_for(batch) if constraint_for is not None else None)
             for i, per_sent in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(results[i].src_tokens, h) for h in per_sent]
             if progress is not None:

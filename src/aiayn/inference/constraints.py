@@ -1,0 +1,155 @@
+"""Constrained decoding: a per-hypothesis state that restricts the next token.
+
+The searches (:mod:`aiayn.inference.search`) take a :class:`Constraint` and drive one
+:class:`ConstraintState` per search: :meth:`~ConstraintState.mask` sets every illegal
+next token of every live row to -inf (vectorised over rows), :meth:`~ConstraintState.select`
+follows the rows when beams are reordered or finished rows leave, and
+:meth:`~ConstraintState.advance` takes each row's chosen token. The search knows nothing
+of what is constrained; a constraint knows nothing of the model.
+
+:class:`TreeConstraint` is the parsing grammar (paper, section 6.2): every output is a
+well-formed linearized tree (``(S (NP XX XX )NP ... )S``, :mod:`aiayn.data.trees`) over
+exactly the sentence's words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+NEG_INF = float("-inf")
+
+
+class ConstraintState(Protocol):
+    def mask(self, lprobs: Tensor, t: int) -> None:
+        """Set the illegal next tokens of ``lprobs`` (R, V) to -inf, in place, at step ``t``."""
+
+    def select(self, index: Tensor) -> None:
+        """Keep rows ``index`` (R',), in that order."""
+
+    def advance(self, tokens: Tensor) -> None:
+        """Each row's chosen token (R,)."""
+
+
+class Constraint(Protocol):
+    def start(self, sent: Tensor, max_len: Tensor) -> ConstraintState:
+        """The state of rows whose sentences (in the batch) are ``sent`` (R,), each allowed
+        ``max_len`` (R,) tokens before EOS."""
+
+
+@dataclass(frozen=True)
+class TreeVocab:
+    """The target ids of the tree symbols: ``open_ids[i]``/``close_ids[i]`` are label i's
+    ``(X`` and ``)X``; ``placeholder`` is the word slot ``XX``."""
+
+    open_ids: tuple[int, ...]
+    close_ids: tuple[int, ...]
+    placeholder: int
+    eos: int
+    vocab_size: int
+
+    @classmethod
+    def from_pieces(cls, pieces: Sequence[str], placeholder: str, eos: int) -> TreeVocab:
+        """From the target vocabulary (piece of each id): every label with both brackets.
+        SentencePiece's word-boundary mark ``▁`` is ignored (one piece per symbol)."""
+        index = {p.removeprefix("\u2581"): i for i, p in enumerate(pieces)}
+        labels = sorted(p[1:] for p in index if p.startswith("(") and len(p) > 1 and ")" + p[1:] in index)
+        if placeholder not in index or not labels:
+            raise ValueError(f"the target vocabulary has no tree symbols ({placeholder!r}, '(X', ')X')")
+        return cls(tuple(index["(" + lab] for lab in labels), tuple(index[")" + lab] for lab in labels),
+                   index[placeholder], eos, len(pieces))
+
+
+class TreeConstraint:
+    """Outputs that are well-formed trees over ``n_words[s]`` words for sentence ``s``.
+
+    A token is legal when the tree can still be finished within the row's length bound:
+
+    - ``(X``: before the root closes, below ``max_depth``, while a word is left to put in it;
+    - ``XX``: inside a bracket, while words are left;
+    - ``)X``: only for the innermost open label, once it holds something; the root only
+      once every word is placed;
+    - EOS: only after the root has closed; nothing else then.
+
+    Every bracket holds at least one word, so a row always has a legal token: an open
+    bracket that holds nothing was opened while a word was left, and that word can go in
+    it; the length rule keeps room for the words left and one closing per open bracket.
+    """
+
+    def __init__(self, vocab: TreeVocab, n_words: Sequence[int], max_depth: int = 64) -> None:
+        self.vocab = vocab
+        self.n_words = torch.as_tensor(list(n_words), dtype=torch.long)
+        self.max_depth = max_depth
+
+    def start(self, sent: Tensor, max_len: Tensor) -> _TreeState:
+        return _TreeState(self, self.n_words.to(max_len.device)[sent.to(max_len.device)], max_len.clone())
+
+
+class _TreeState:
+    """Per row: open labels (a stack), what is placed, and how many tokens are left."""
+
+    def __init__(self, con: TreeConstraint, n_words: Tensor, max_len: Tensor) -> None:
+        v, dev, rows = con.vocab, max_len.device, n_words.numel()
+        self.max_depth = con.max_depth
+        self.open_ids = torch.tensor(v.open_ids, device=dev)
+        self.close_ids = torch.tensor(v.close_ids, device=dev)
+        self.xx, self.eos = v.placeholder, v.eos
+        # id -> label index, -1 for anything that is not a bracket of that kind.
+        self.open_label = torch.full((v.vocab_size,), -1, dtype=torch.long, device=dev)
+        self.open_label[self.open_ids] = torch.arange(len(v.open_ids), device=dev)
+        self.close_label = torch.full((v.vocab_size,), -1, dtype=torch.long, device=dev)
+        self.close_label[self.close_ids] = torch.arange(len(v.close_ids), device=dev)
+        self.n_words, self.max_len = n_words, max_len
+        self.placed = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.depth = torch.zeros(rows, dtype=torch.long, device=dev)
+        self.stack = torch.zeros(rows, con.max_depth, dtype=torch.long, device=dev)  # label per depth
+        self.filled = torch.zeros(rows, con.max_depth, dtype=torch.bool, device=dev)  # holds something
+        self.started = torch.zeros(rows, dtype=torch.bool, device=dev)
+
+    def mask(self, lprobs: Tensor, t: int) -> None:
+        words_left = self.n_words - self.placed
+        # Tokens still needed to finish after this step's token, before EOS: one per word
+        # left, one closing per open bracket (two for a root not yet opened).
+        need = words_left + self.depth + (~self.started).long() * 2
+        room = self.max_len - t - 1  # free tokens after this one
+        inside = self.depth > 0
+        done = self.started & ~inside
+        top = (self.depth - 1).clamp(min=0)[:, None]
+        top_filled = self.filled.gather(1, top)[:, 0]
+        # Opening the root turns its two pending tokens into one; any other bracket adds one.
+        need_after_open = torch.where(self.started, need + 1, need - 1)
+        open_ok = ~done & (self.depth < self.max_depth) & (words_left > 0) & (need_after_open <= room)
+        open_ok &= inside | ~self.started
+        xx_ok = inside & (words_left > 0) & (need - 1 <= room)
+        close_ok = inside & top_filled & ((self.depth > 1) | (words_left == 0))
+        close_id = self.close_ids[self.stack.gather(1, top)[:, 0]]
+        keep = torch.full_like(lprobs, NEG_INF)
+        keep[:, self.open_ids] = torch.where(open_ok[:, None], lprobs[:, self.open_ids], NEG_INF)
+        keep[:, self.xx] = torch.where(xx_ok, lprobs[:, self.xx], NEG_INF)
+        keep[:, self.eos] = torch.where(done, lprobs[:, self.eos], NEG_INF)
+        keep.scatter_(1, close_id[:, None], torch.where(close_ok, lprobs.gather(1, close_id[:, None])[:, 0],
+                                                        NEG_INF)[:, None])
+        lprobs.copy_(keep)
+
+    def select(self, index: Tensor) -> None:
+        for name in ("n_words", "max_len", "placed", "depth", "stack", "filled", "started"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
+
+    def advance(self, tokens: Tensor) -> None:
+        rows = torch.arange(tokens.numel(), device=tokens.device)
+        opened = self.open_label[tokens]
+        is_open, is_close = opened >= 0, self.close_label[tokens] >= 0
+        is_xx = tokens == self.xx
+        # The innermost bracket now holds something (a word or a new bracket).
+        parent = (self.depth - 1).clamp(min=0)
+        self.filled[rows, parent] |= (is_open | is_xx) & (self.depth > 0)
+        self.placed += is_xx.long()
+        at = self.depth.clamp(max=self.max_depth - 1)
+        self.stack[rows, at] = torch.where(is_open, opened, self.stack[rows, at])
+        self.filled[rows, at] &= ~is_open
+        self.depth += is_open.long() - is_close.long()
+        self.started |= is_open

@@ -1,0 +1,173 @@
+"""Constrained decoding (aiayn.inference.constraints) in every search: a scripted model that
+"wants" an ill-formed tree gets the best well-formed one (checked against brute force), and
+over random scores every output of beam search, greedy search and sampling is a tree over
+exactly the sentence's words."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aiayn.config import DecodeConfig
+from aiayn.data.trees import is_well_formed
+from aiayn.inference.constraints import TreeConstraint, TreeVocab
+from aiayn.inference.search import beam_search, greedy_search, length_penalty, sample
+from aiayn.vocab import EOS_ID
+
+# ids 0-3: pad, unk, bos, eos; then the tree symbols and one stray word piece.
+PIECES = ["<pad>", "<unk>", "<s>", "</s>", "XX", "(S", ")S", "(NP", ")NP", "dog"]
+VOCAB = TreeVocab.from_pieces(PIECES, "XX", EOS_ID)
+
+
+class TableModel:
+    """Next-token log-probabilities that depend on the step only: ``table`` (T, V)."""
+
+    max_steps = None
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+    def init_state(self, src: torch.Tensor, max_steps: int) -> dict:
+        return {"t": 0}
+
+    def step(self, tokens: torch.Tensor, state: dict, need_attn: bool = False):
+        t = min(state["t"], self.table.size(0) - 1)
+        state["t"] += 1
+        return self.table[t].expand(tokens.numel(), -1).clone(), None
+
+    def reorder(self, state: dict, index: torch.Tensor, same_sources: bool = False) -> dict:
+        return state
+
+
+def _pieces(tokens: list[int]) -> list[str]:
+    return [PIECES[i] for i in tokens if i != EOS_ID]
+
+
+def _src(n_sent: int, length: int) -> torch.Tensor:
+    return torch.full((n_sent, length), 5, dtype=torch.long)
+
+
+def _cfg(**kw) -> DecodeConfig:
+    base = dict(beam=4, lenpen=0.0, max_len_a=0.0, max_len_b=8, nbest=1)
+    base.update(kw)
+    return DecodeConfig(**base)
+
+
+def test_the_model_wants_an_ill_formed_tree_and_gets_the_best_well_formed_one() -> None:
+    # Unconstrained, this model says "(S XX )S" then EOS: one word too few for 2 words.
+    table = torch.full((8, len(PIECES)), -6.0)
+    for t, piece in enumerate(["(S", "XX", ")S", "</s>", "</s>", "</s>", "</s>", "</s>"]):
+        table[t, PIECES.index(piece)] = -0.1
+    table[:, PIECES.index("dog")] = -0.05  # a word piece: never legal in a tree
+    lprobs = table.log_softmax(-1)
+    model = TableModel(lprobs)
+    free = beam_search(model, _src(1, 3), _cfg(max_len_b=7))[0][0]
+    assert not is_well_formed(_pieces(free.tokens), 2)
+    got = beam_search(model, _src(1, 3), _cfg(beam=16, max_len_b=7),
+                      constraint=TreeConstraint(VOCAB, [2]))[0][0]
+    assert _pieces(got.tokens) == _best_well_formed(lprobs, n_words=2, max_len=7)
+    assert math.isfinite(got.score)
+
+
+def _best_well_formed(lprobs: torch.Tensor, n_words: int, max_len: int) -> list[str]:
+    """Brute force over every symbol sequence up to ``max_len``: the best well-formed one
+    (score = log-probability incl. EOS; lenpen 0)."""
+    symbols = ["XX", "(S", ")S", "(NP", ")NP"]
+    best, best_score = None, -math.inf
+    for length in range(1, max_len + 1):
+        for seq in itertools.product(symbols, repeat=length):
+            if not is_well_formed(list(seq), n_words):
+                continue
+            score = sum(float(lprobs[t, PIECES.index(p)]) for t, p in enumerate(seq)) + float(lprobs[length, EOS_ID])
+            if score > best_score:
+                best, best_score = list(seq), score
+    assert best is not None
+    return best
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), n_words=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+       beam=st.integers(1, 6), extra=st.integers(2, 10), how=st.sampled_from(["beam", "greedy", "sample"]))
+def test_every_output_is_a_tree_over_the_words(seed: int, n_words: list[int], beam: int, extra: int,
+                                               how: str) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    max_len = max(n_words) + extra
+    table = (torch.randn(max_len + 2, len(PIECES), generator=gen) * 3).log_softmax(-1)
+    model = TableModel(table)
+    cfg = _cfg(beam=beam, max_len_b=max_len, nbest=beam if how != "greedy" else 1, sampling=how == "sample",
+               seed=seed % 1000)
+    search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
+    out = search(model, _src(len(n_words), 3), cfg, constraint=TreeConstraint(VOCAB, n_words))
+    assert len(out) == len(n_words)
+    for hyps, n in zip(out, n_words):
+        assert hyps, "a sentence lost every hypothesis: some row had no legal token"
+        for h in hyps:
+            assert is_well_formed(_pieces(h.tokens), n), _pieces(h.tokens)
+            assert math.isfinite(h.score)
+
+
+def test_without_a_constraint_nothing_changes() -> None:
+    gen = torch.Generator().manual_seed(3)
+    model = TableModel(torch.randn(10, len(PIECES), generator=gen).log_softmax(-1))
+    a = beam_search(model, _src(2, 3), _cfg())
+    b = beam_search(model, _src(2, 3), _cfg(), constraint=None)
+    assert [[h.tokens for h in s] for s in a] == [[h.tokens for h in s] for s in b]
+
+
+def test_the_length_bound_leaves_room_to_finish() -> None:
+    # The tightest bound: 3 words need "(S XX XX XX )S" = 5 tokens; the model prefers opening more.
+    table = torch.full((8, len(PIECES)), -5.0)
+    table[:, PIECES.index("(NP")] = -0.01
+    out = beam_search(TableModel(table.log_softmax(-1)), _src(1, 3), _cfg(beam=3, max_len_b=5),
+                      constraint=TreeConstraint(VOCAB, [3]))[0]
+    assert _pieces(out[0].tokens) in (["(S", "XX", "XX", "XX", ")S"], ["(NP", "XX", "XX", "XX", ")NP"])
+    assert length_penalty(6.0, 0.0) == 1.0
+
+
+def test_a_vocabulary_without_tree_symbols_is_refused() -> None:
+    with pytest.raises(ValueError, match="no tree symbols"):
+        TreeVocab.from_pieces(["<pad>", "<unk>", "<s>", "</s>", "hello"], "XX", EOS_ID)
+
+
+def test_parser_with_the_constraint_repairs_nothing(parsing_checkpoint_for_constraints: Path) -> None:
+    from aiayn.inference.parsing import Parser
+
+    parser = Parser.from_checkpoint(parsing_checkpoint_for_constraints)
+    sentences = ["Ms. Haag plays Elianti .", "The cat sat on the mat .", "He said it rained .", "a man"]
+    free = parser.parse(sentences, constrained=False, beam=3, max_len_b=40)
+    constrained = parser.parse(sentences, beam=3, max_len_b=40)
+    assert sum(r.repaired for r in free) > 0  # random weights: free decoding needs repairs
+    assert [r.repaired for r in constrained] == [False] * len(sentences)
+    for r, s in zip(constrained, sentences):
+        assert r.tree is not None and r.tree.leaves() == s.split()
+
+
+@pytest.fixture(scope="module")
+def parsing_checkpoint_for_constraints(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.config import Config, model_preset
+    from aiayn.data.trees import linearize, parse_tree
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+
+    gold = [parse_tree(t) for t in (
+        "(S (NP (NNP Ms.) (NNP Haag)) (VP (VBZ plays) (NP (NNP Elianti))) (. .))",
+        "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
+        "(S (NP (PRP He)) (VP (VBD said) (SBAR (S (NP (PRP it)) (VP (VBD rained))))) (. .))",
+        "(NP (NP (DT a) (NN man)) (PP (IN with) (NP (DT a) (NN dog))))")]
+    root = tmp_path_factory.mktemp("constraints")
+    tok = train_tokenizer([" ".join(t.leaves()) for t in gold] * 20, [" ".join(linearize(t)) for t in gold] * 20,
+                          root / "spm", vocab_size=60, joint=False, model_type="bpe", tgt_model_type="word",
+                          num_threads=1)
+    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    share_embeddings="decoder", max_positions=128),
+                 decode=DecodeConfig(batch_tokens=64))
+    torch.manual_seed(0)
+    return save_checkpoint(root / "ckpt", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
