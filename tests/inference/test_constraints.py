@@ -171,3 +171,16 @@ def parsing_checkpoint_for_constraints(tmp_path_factory: pytest.TempPathFactory)
                  decode=DecodeConfig(batch_tokens=64))
     torch.manual_seed(0)
     return save_checkpoint(root / "ckpt", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
+
+
+def test_a_dead_row_extended_by_illegal_tokens_keeps_a_valid_state() -> None:
+    state = TreeConstraint(VOCAB, [2], max_depth=3).start(torch.tensor([0]), torch.tensor([10]))
+    close = torch.tensor([PIECES.index(")S")])
+    for _ in range(10):  # closings with nothing open: what a dead beam may be extended by
+        state.advance(close)
+    opening = torch.tensor([PIECES.index("(NP")])
+    for _ in range(10):  # more openings than max_depth
+        state.advance(opening)
+    lprobs = torch.zeros(1, len(PIECES))
+    state.mask(lprobs, 0)  # no IndexError
+    assert int(state.depth[0]) == 3

@@ -148,8 +148,10 @@ class _TreeState:
         parent = (self.depth - 1).clamp(min=0)
         self.filled[rows, parent] |= (is_open | is_xx) & (self.depth > 0)
         self.placed += is_xx.long()
-        at = self.depth.clamp(max=self.max_depth - 1)
+        at = self.depth.clamp(0, self.max_depth - 1)
         self.stack[rows, at] = torch.where(is_open, opened, self.stack[rows, at])
         self.filled[rows, at] &= ~is_open
-        self.depth += is_open.long() - is_close.long()
+        # Clamped: a dead beam (score -inf, kept only to fill the beam) may be extended by an
+        # illegal token; its state must stay a valid index, it can never win.
+        self.depth = (self.depth + is_open.long() - is_close.long()).clamp(0, self.max_depth)
         self.started |= is_open
