@@ -121,7 +121,8 @@ class GuardedH11Protocol(H11Protocol):
         self._refused = True
         self.transport.write(raw_error(503, "Service Unavailable", "too_many_connections",
                                        f"the server holds {self.limits.max_connections} connections "
-                                       "(--max-connections), all busy; retry later", self.retry_after_s))
+                                       "(--max-connections) and none can make room; retry later",
+                                       self.retry_after_s))
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER_S, self.transport.close)
