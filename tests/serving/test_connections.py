@@ -103,6 +103,37 @@ def test_a_stalled_body_gets_408(guarded) -> None:
     assert "body" in body["message"]
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length body, leaving the connection open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = int(next(line.split(b":")[1] for line in lines if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def test_a_served_connection_may_idle_longer_than_the_header_timeout(guarded) -> None:
+    # Idle keep-alive is --keep-alive-timeout (30 s), not the header deadline: a client whose
+    # pool keeps connections for 5 s must not meet a connection the server is closing.
+    with _connect(guarded.url) as sock:
+        request = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        sock.sendall(request)
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(HEADER_TIMEOUT * 1.5)
+        sock.sendall(request)
+        assert _read_response(sock).startswith(b"HTTP/1.1 200")
+        # ... but once the next request starts, its headers are due within the header timeout.
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        status, body = _status_and_body(_read_all(sock))
+    assert status == 408 and "headers" in body["message"]
+
+
 def test_keep_alive_between_requests_is_unaffected(guarded, sentences: list[str]) -> None:
     # Requests on one connection, each well within the timeouts: all answered on it.
     with httpx.Client(base_url=guarded.url, timeout=30) as client:

@@ -45,6 +45,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     con.add_argument("--header-timeout", type=float, default=10.0,
                      help="seconds a connection may take to send a request's headers, from connecting or from "
                           "its previous response (default 10); then 408 and closed")
+    con.add_argument("--keep-alive-timeout", type=float, default=30.0,
+                     help="seconds a connection that has had an answer may stay idle before its next request "
+                          "(default 30; then its headers are due within --header-timeout)")
     con.add_argument("--body-timeout", type=float, default=30.0,
                      help="seconds a request's body may take to arrive after its headers (default 30)")
     con.add_argument("--max-connections", type=int, default=4096,
@@ -73,7 +76,7 @@ def _check(args: argparse.Namespace) -> None:
                  "max_batch_sentences", "max_connections"):
         if getattr(args, name) < 1:
             raise AiaynError(f"--{name.replace('_', '-')}: must be at least 1, got {getattr(args, name)}")
-    for name in ("batch_window_ms", "header_timeout", "body_timeout", "graceful_timeout"):
+    for name in ("batch_window_ms", "header_timeout", "body_timeout", "keep_alive_timeout", "graceful_timeout"):
         value = getattr(args, name)
         if not math.isfinite(value) or value < 0 or (value == 0 and name != "batch_window_ms"):
             raise AiaynError(f"--{name.replace('_', '-')}: must be a positive number of "
@@ -157,11 +160,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "
               "the service has no authentication", file=sys.stderr)
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
-                              max_connections=fit_file_limit(args.max_connections))
+                              max_connections=fit_file_limit(args.max_connections),
+                              keep_alive_s=args.keep_alive_timeout)
     protocol = guarded_protocol(limits, app.state.metrics, retry_after_s=settings.retry_after_s)
-    # The header timeout closes idle keep-alive connections; uvicorn's timer only backs it up.
+    # Our timers close idle connections; uvicorn's keep-alive timer only backs them up.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
-                            timeout_keep_alive=math.ceil(args.header_timeout) + 1,
+                            timeout_keep_alive=math.ceil(max(args.header_timeout, args.keep_alive_timeout)) + 1,
                             timeout_graceful_shutdown=args.graceful_timeout, access_log=False)
     server = uvicorn.Server(config)
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish,

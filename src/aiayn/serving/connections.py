@@ -12,9 +12,11 @@ chunk received:
 - a client that misses either gets ``408 request_timeout`` (if it sent anything) and is
   closed.
 
-The header timeout is also the keep-alive timeout: an idle connection is closed when it
-runs out (uvicorn's own keep-alive timer is set to fire later; clients that expire pooled
-connections sooner, as httpx does after 5 s, never send on a connection being closed).
+A connection that has had an answer may stay idle for ``keep_alive_s`` before its next
+request's first byte (then the header deadline applies from that byte): far longer than
+the 5 s after which httpx and most client pools drop an idle connection, so a client,
+even a slow, overloaded one, does not send on a connection the server is closing.
+uvicorn's own keep-alive timer is set to fire after ours.
 
 At ``max_connections`` open connections, a new one evicts the connection that has waited
 longest for its first request's headers, if that one has waited at least
@@ -48,6 +50,7 @@ class ConnectionLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     max_connections: int = 4096
+    keep_alive_s: float = 30.0
 
 
 LINGER_S = 1.0
@@ -99,6 +102,7 @@ class GuardedH11Protocol(H11Protocol):
         self._got_bytes = False
         self._served = False
         self._refused = False
+        self._idle = False  # kept alive after an answer, nothing of the next request yet
 
     # ---------------------------------------------------------------- events
 
@@ -138,6 +142,8 @@ class GuardedH11Protocol(H11Protocol):
         if self._refused:
             return  # read and dropped until the lingering close
         self._got_bytes = True
+        if self._idle:  # the next request's first byte: its headers are due from now
+            self._wait_for("headers")
         super().data_received(data)
         self._follow_client()
 
@@ -175,14 +181,19 @@ class GuardedH11Protocol(H11Protocol):
 
     def _wait_for(self, phase: str) -> None:
         self._stop_waiting()
+        self._idle = phase == "headers" and self._served and not self._got_bytes
         if phase == "headers":
             self._phase = h11.IDLE
             if not self._served:  # a connection that has had an answer is a real client's
                 self.registry.waiting[self] = time.monotonic()
-        seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
-        self._timer = self.loop.call_later(seconds, self._timed_out, phase, seconds)
+        if self._idle:
+            seconds = self.limits.keep_alive_s
+        else:
+            seconds = self.limits.header_timeout_s if phase == "headers" else self.limits.body_timeout_s
+        self._timer = self.loop.call_later(seconds, self._timed_out, "idle" if self._idle else phase, seconds)
 
     def _stop_waiting(self) -> None:
+        self._idle = False
         self.registry.waiting.pop(self, None)
         if self._timer is not None:
             self._timer.cancel()
