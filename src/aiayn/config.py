@@ -183,6 +183,11 @@ class DataConfig:
     # parsing: BPE over words on the source, whole-token ("word") on the tree side.
     tgt_vocab_size: int | None = None
     tgt_spm_model_type: str | None = None
+    # Parsing (`prepare --task parsing`): what stands for a word in the target tree,
+    # "placeholders" (XX, the paper) or "words" (the word itself; see aiayn.data.trees).
+    parsing_target: str = "placeholders"
+    # With "words": words seen fewer times in the training trees stay placeholders.
+    parsing_min_count: int = 2
     # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training
     # one: needed to fine-tune a checkpoint (train.init_from) on new data.
     tokenizer_dir: str | None = None
@@ -203,6 +208,7 @@ class DataConfig:
             raise ConfigError(f"{prefix}.max_len_ratio: must be at least 1.0")
         _choice(prefix, "on_invalid_utf8", self.on_invalid_utf8, ("error", "replace", "skip"))
         _choice(prefix, "spm_model_type", self.spm_model_type, ("bpe", "unigram", "word"))
+        _choice(prefix, "parsing_target", self.parsing_target, ("placeholders", "words"))
         if self.tgt_spm_model_type is not None:
             _choice(prefix, "tgt_spm_model_type", self.tgt_spm_model_type, ("bpe", "unigram", "word"))
         if self.tgt_vocab_size is not None and self.tgt_vocab_size < 8:

@@ -7,7 +7,6 @@ import json
 import re
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -260,32 +259,37 @@ def test_cli_error_has_no_traceback_in_a_real_process(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- parsing
 
 
-def test_parsing_unavailable_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "aiayn.data.trees", None)  # as if not written yet
-    code = cli(["prepare", "--task", "parsing", "--ptb-dir", str(tmp_path), "--out", str(tmp_path / "o")])
-    err = capsys.readouterr().err
-    assert code != 0 and "not available yet" in err and "Traceback" not in err
+def _mini_treebank(directory: Path) -> Path:
+    """wsj_0001..0199.mrg (the project's split) of two real-shaped treebank trees each."""
+    directory.mkdir()
+    trees = ["( (S (NP-SBJ (DT The) (NN dog)) (VP (VBZ barks)) (. .)) )",
+             "( (S (NP-SBJ (PRP It)) (VP (VBD rained) (NP-TMP (NN yesterday) (-NONE- *T*-1))) (. .)) )"]
+    for i in range(1, 200):
+        (directory / f"wsj_{i:04d}.mrg").write_text("\n".join(trees) + "\n")
+    return directory
 
 
-def test_parsing_hook_builds_a_prepared_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def fake_prepare_parsing(ptb_dir: Path, out_dir: Path) -> dict:
-        for role, n in (("train", 30), ("valid", 4), ("test", 4)):
-            write(out_dir / f"{role}.src.txt", ["The dog barks ."] * n)
-            write(out_dir / f"{role}.tgt.txt", ["(S (NP XX XX )NP (VP XX )VP XX )S"] * n)
-            write(out_dir / f"{role}.gold.txt", ["(S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .))"] * n)
-        return {"splits": {"train": {"trees": 30}}}
-
-    monkeypatch.setitem(sys.modules, "aiayn.data.trees",
-                        types.SimpleNamespace(prepare_parsing=fake_prepare_parsing))
-    code = cli(["prepare", "--task", "parsing", "--ptb-dir", str(tmp_path), "--out", str(tmp_path / "p"),
-                "--vocab-size", "40", "--quiet"])
+@pytest.mark.parametrize("target", ["placeholders", "words"])
+def test_parsing_builds_a_prepared_directory(tmp_path: Path, target: str) -> None:
+    """The real aiayn.data.trees over .mrg files: cleaned trees, linearized targets, gold."""
+    ptb = _mini_treebank(tmp_path / "ptb")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  vocab_size: 40\n  parsing_target: " + target + "\n"
+                   "  tgt_vocab_size: 64\n")
+    code = cli(["prepare", "--task", "parsing", "--config", str(cfg), "--ptb-dir", str(ptb),
+                "--out", str(tmp_path / "p"), "--quiet"])
     assert code == 0
     summary = read_summary(tmp_path / "p")
     assert summary["task"] == "parsing" and not summary["joint_vocab"]
-    assert summary["tgt_vocab_size"] == 4 + 7  # one token per tree symbol
-    assert (tmp_path / "p" / "test.gold.txt").is_file()
-    assert split_text(tmp_path / "p", "test")[1][0] == "(S (NP XX XX )NP (VP XX )VP XX )S"
+    assert summary["parsing"]["target"] == target
+    # Tree symbols: (S )S (NP )NP (VP )VP, and XX or the words (The dog barks . It rained yesterday).
+    assert summary["tgt_vocab_size"] == 4 + 6 + (1 if target == "placeholders" else 7)
+    gold = (tmp_path / "p" / "test.gold.txt").read_text().splitlines()
+    assert gold[:2] == ["(S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .))",
+                        "(S (NP (PRP It)) (VP (VBD rained) (NP (NN yesterday))) (. .))"]
+    expected = ("(S (NP XX XX )NP (VP XX )VP XX )S" if target == "placeholders"
+                else "(S (NP The dog )NP (VP barks )VP . )S")
+    assert split_text(tmp_path / "p", "test")[1][0] == expected
     assert leftovers(tmp_path) == []
 
 

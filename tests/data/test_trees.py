@@ -11,7 +11,9 @@ import pytest
 from aiayn.data.trees import (
     PLACEHOLDER,
     Tree,
+    as_placeholders,
     clean_tree,
+    flat_tree,
     is_well_formed,
     linearize,
     parse_tree,
@@ -19,6 +21,8 @@ from aiayn.data.trees import (
     read_trees,
     read_trees_with_lines,
     rebuild,
+    right_branching_tree,
+    spelled_words,
     strip_label,
     tree_to_string,
 )
@@ -184,6 +188,25 @@ def test_linearize_vinyals_style() -> None:
     assert not is_well_formed(linearize(tree), 4)
 
 
+def test_linearize_spelling_the_words() -> None:
+    tree = parse_tree("(S (NP (NNP Ms.) (NNP Haag)) (VP (VBZ plays) (NP (NNP Elianti))) (. .))")
+    tokens = linearize(tree, spell={"Ms.", "plays", "."})
+    assert " ".join(tokens) == "(S (NP Ms. XX )NP (VP plays (NP XX )NP )VP . )S"
+    assert as_placeholders(tokens) == linearize(tree)
+    assert spelled_words([tree, parse_tree("(S (NP (NN plays)) (. .))")], min_count=2) == {"plays", "."}
+
+
+def test_baseline_trees() -> None:
+    words = "The cat sat down".split()
+    assert tree_to_string(flat_tree(words)) == "(S (XX The) (XX cat) (XX sat) (XX down))"
+    assert tree_to_string(right_branching_tree(words)) == "(S (XX The) (NP (XX cat) (NP (XX sat) (XX down))))"
+    assert tree_to_string(right_branching_tree(["Hi"])) == "(S (XX Hi))"
+    long = [str(i) for i in range(5000)]  # iterative: no recursion limit
+    assert right_branching_tree(long).leaves() == long
+    with pytest.raises(DataError, match="empty sentence"):
+        right_branching_tree([])
+
+
 @needs_ptb
 def test_round_trip_every_sample_tree(sample_trees: list[Tree]) -> None:
     for raw in sample_trees:
@@ -194,6 +217,7 @@ def test_round_trip_every_sample_tree(sample_trees: list[Tree]) -> None:
         assert is_well_formed(tokens, len(words))
         # With the gold tags back in place the rebuilt tree is the cleaned tree exactly.
         assert rebuild(tokens, words, tree.tags()) == tree
+        assert as_placeholders(linearize(tree, spell=set(words))) == tokens
         # Without them, the same tree with XX tags.
         plain = rebuild(tokens, words)
         assert plain.tags() == [PLACEHOLDER] * len(words)
@@ -279,6 +303,22 @@ def test_rebuild_deep_nesting_does_not_recurse() -> None:
 
 
 # ---------------------------------------------------------------------------- preparation
+@needs_ptb
+def test_prepare_parsing_spelling_the_words(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    summary = prepare_parsing(PTB_DIR, out, target="words", min_count=2)
+    assert summary["target"] == "words" and summary["spelled_words"] == 5280
+    train = (out / "train.tgt.txt").read_text(encoding="utf-8").splitlines()
+    assert train[1] == ("(S (NP Mr. Vinken )NP (VP is (NP (NP chairman )NP (PP of (NP (NP XX N.V. )NP , "
+                        "(NP the Dutch publishing group )NP )NP )PP )NP )VP . )S")
+    # "Elsevier" is seen once in training: XX. No target spells a word that training does not.
+    spelled = {w for line in train for w in line.split() if w[0] not in "()"}
+    test = {w for w in (out / "test.tgt.txt").read_text(encoding="utf-8").split() if w[0] not in "()"}
+    assert len(spelled) == 5280 + 1 and "XX" in test and test <= spelled
+    with pytest.raises(DataError, match="parsing target must be one of"):
+        prepare_parsing(PTB_DIR, tmp_path / "o2", target="letters")
+
+
 @needs_ptb
 def test_prepare_parsing_on_sample(tmp_path: Path) -> None:
     out = tmp_path / "out"

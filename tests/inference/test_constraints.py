@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiayn.config import DecodeConfig
-from aiayn.data.trees import is_well_formed
+from aiayn.data.trees import as_placeholders, is_well_formed
 from aiayn.inference.constraints import TreeConstraint, TreeVocab
 from aiayn.inference.search import beam_search, greedy_search, length_penalty, sample
 from aiayn.vocab import EOS_ID
@@ -111,6 +111,37 @@ def test_every_output_is_a_tree_over_the_words(seed: int, n_words: list[int], be
         for h in hyps:
             assert is_well_formed(_pieces(h.tokens), n), _pieces(h.tokens)
             assert math.isfinite(h.score)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), sentences=st.lists(st.lists(st.sampled_from(["dog", "XX"]), min_size=1,
+                                                                  max_size=4), min_size=1, max_size=3),
+       beam=st.integers(1, 6), how=st.sampled_from(["beam", "greedy", "sample"]))
+def test_a_target_that_spells_its_words_gets_exactly_those_words(seed: int, sentences: list[list[str]],
+                                                                 beam: int, how: str) -> None:
+    """``word_ids``: each word slot takes that word's own token (XX for a word the vocabulary
+    lacks), in order; the model's scores favour the other word and stray brackets."""
+    gen = torch.Generator().manual_seed(seed)
+    max_len = 4 + 8
+    table = (torch.randn(max_len + 2, len(PIECES), generator=gen) * 3).log_softmax(-1)
+    cfg = _cfg(beam=beam, max_len_b=max_len, nbest=beam if how != "greedy" else 1, sampling=how == "sample",
+               seed=seed % 1000)
+    ids = [[PIECES.index(w) for w in words] for words in sentences]
+    search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
+    out = search(TableModel(table), _src(len(ids), 3), cfg,
+                 constraint=TreeConstraint(VOCAB, [len(w) for w in ids], word_ids=ids))
+    for hyps, words in zip(out, sentences):
+        assert hyps
+        for h in hyps:
+            pieces = _pieces(h.tokens)
+            assert [p for p in pieces if p[0] not in "()"] == words
+            assert is_well_formed(as_placeholders(pieces), len(words)), pieces
+
+
+def test_word_ids_must_match_the_word_counts() -> None:
+    with pytest.raises(ValueError, match="one id per word"):
+        TreeConstraint(VOCAB, [2], word_ids=[[9]])
 
 
 def test_without_a_constraint_nothing_changes() -> None:

@@ -61,6 +61,8 @@ def parsing_checkpoint(tmp_path_factory: pytest.TempPathFactory, gold_trees: lis
 class FakeTranslator:
     """Returns scripted target texts: the search replaced by known outputs."""
 
+    config = None  # no checkpoint config: a placeholder (XX) target
+
     def __init__(self, outputs: dict[str, str]) -> None:
         self.outputs = outputs
         self.seen: list[str] = []
@@ -162,9 +164,61 @@ def test_parse_cli(parsing_checkpoint: Path, gold_trees: list, tmp_path: Path, c
               "--beam", "2", "--max-len-b", "20", "--json", "--quiet"])
     assert exc.value.code == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["parsed"] == 3 and 0 <= report["repaired"] <= 3 and "f1" in report
+    assert report["parsed"] == 3 and report["repaired"] == 0  # constrained: nothing to repair
+    parser = Parser.from_checkpoint(parsing_checkpoint)
+    again = score_parses(gold_trees[:3], parser.parse([" ".join(t.leaves()) for t in gold_trees[:3]], beam=2,
+                                                      max_len_b=20))
+    assert {k: report[k] for k in again} == again  # the CLI reports the scorer's figures
 
     with pytest.raises(SystemExit) as exc:
         main(["parse", "--checkpoint", str(parsing_checkpoint), "--input", str(words), "--prepared", str(tmp_path)])
     assert exc.value.code == 2
     assert "either --prepared" in capsys.readouterr().err
+
+
+def _parse_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(["parse", *args])
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_parse_reads_stdin_and_escapes_brackets(parsing_checkpoint: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    import io
+    import sys
+
+    stdin = io.TextIOWrapper(io.BytesIO(b"a ( b )\n\nMs. Haag plays\n"), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, out, err = _parse_cli(["--checkpoint", str(parsing_checkpoint), "--beam", "2", "--quiet"], capsys)
+    assert code == 0, err
+    lines = out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert parse_tree(lines[0]).leaves() == ["a", "-LRB-", "b", "-RRB-"]
+    assert parse_tree(lines[2]).leaves() == ["Ms.", "Haag", "plays"]
+
+
+@pytest.mark.parametrize(("line", "flags", "message"), [
+    (" ".join(["word"] * 200), [], "200 words make"),  # the fixture's model has 128 positions
+    ("a a a", ["--max-len-a", "1", "--max-len-b", "0"], "3 words need a tree of at least 5 tokens"),
+])
+def test_a_sentence_the_model_cannot_parse_is_one_clear_line(parsing_checkpoint: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str], line: str,
+                                                             flags: list[str], message: str) -> None:
+    words = tmp_path / "words.txt"
+    words.write_text("Ms. Haag plays\n" + line + "\n", encoding="utf-8")
+    out = tmp_path / "trees.txt"
+    code, _, err = _parse_cli(["--checkpoint", str(parsing_checkpoint), "--input", str(words), "--output", str(out),
+                               "--beam", "2", "--quiet", *flags], capsys)
+    assert code == 2 and f"{words}:2: " in err and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_parse_never_writes_over_its_input(parsing_checkpoint: Path, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    words = tmp_path / "words.txt"
+    words.write_text("Ms. Haag plays\n", encoding="utf-8")
+    code, _, err = _parse_cli(["--checkpoint", str(parsing_checkpoint), "--input", str(words), "--output",
+                               str(words), "--quiet"], capsys)
+    assert code == 2 and "is also an input" in err
+    assert words.read_text(encoding="utf-8") == "Ms. Haag plays\n"

@@ -11,20 +11,24 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli import options
-from aiayn.errors import AiaynError
+from aiayn.errors import AiaynError, DataError
 
 EPILOG = """\
 examples
   aiayn parse --checkpoint runs/ptb_parsing/averaged --prepared data-bin/ptb_parsing --split test
   aiayn parse --checkpoint runs/ptb_parsing/averaged --input words.txt --output trees.txt
   aiayn parse --checkpoint runs/ptb_parsing/averaged --input words.txt --gold gold.txt --json
+  echo "Ms. Haag plays Elianti ." | aiayn parse --checkpoint runs/ptb_parsing/averaged
 
-Input: one sentence per line, words separated by spaces (Penn Treebank tokenization;
-brackets become -LRB- / -RRB-). Output: one tree per line, POS tags written as XX (the
-model predicts structure only); an empty input line gives an empty output line.
-Malformed predictions are repaired into a tree over exactly the input words; the summary
-says how many were. Scores are EVALB's with COLLINS.prm (labeled bracket F1, precision,
-recall, exact match; punctuation found with the gold POS tags).
+Input: one sentence per line (a file, or stdin when neither --input nor --prepared is
+given, or --input -), words separated by spaces (Penn Treebank tokenization; brackets
+become -LRB- / -RRB-). Output: one tree per line, POS tags written as XX (the model
+predicts structure only); an empty input line gives an empty output line. A line longer
+than the model can read or write a tree for is refused, naming the line. By default the
+search only produces well-formed trees over exactly the input words; with --no-constraint
+malformed predictions are repaired into such a tree, and the summary says how many were.
+Scores are EVALB's with COLLINS.prm (labeled bracket F1, precision, recall, exact match;
+punctuation found with the gold POS tags).
 --json prints {"f1", "precision", "recall", "exact_match", "sentences", "repaired", ...}.
 """
 
@@ -40,7 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prepared", metavar="DIR", help="directory written by `aiayn prepare --task parsing`")
     p.add_argument("--split", default="test", choices=("test", "valid", "train"),
                    help="with --prepared: the split to parse and score (default test)")
-    p.add_argument("--input", metavar="FILE", help="sentences to parse, one per line")
+    p.add_argument("--input", metavar="FILE", help="sentences to parse, one per line; - for stdin (the default "
+                                                   "without --prepared)")
     p.add_argument("--gold", metavar="FILE", help="with --input: gold trees to score against")
     p.add_argument("--output", "-o", metavar="FILE", help="write the predicted trees here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
@@ -59,10 +64,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if bool(args.prepared) == bool(args.input):
-        raise AiaynError("give either --prepared DIR (with --split) or --input FILE")
+    from aiayn import fileio
+
+    if args.prepared and args.input:
+        raise AiaynError("give either --prepared DIR (with --split) or --input FILE, not both")
+    if not args.prepared and not args.input:
+        args.input = "-"
     if args.gold and not args.input:
         raise AiaynError("--gold goes with --input; a --prepared split brings its own gold trees")
+    if args.output:
+        inputs = [args.input if args.input != "-" else None, args.gold, args.prepared and
+                  str(Path(args.prepared) / f"{args.split}.gold.txt")]
+        fileio.check_output_file(args.output, inputs, "--output")
 
 
 def _set_threads(args: argparse.Namespace) -> None:
@@ -76,10 +89,15 @@ def _set_threads(args: argparse.Namespace) -> None:
 
 def _read_input(args: argparse.Namespace) -> tuple[list[str], list[Any] | None]:
     """The --input sentences and, with --gold, their gold trees."""
+    from aiayn import fileio
     from aiayn.cli.translate import read_file_lines
     from aiayn.inference.parsing import read_gold
 
-    sentences = read_file_lines(Path(args.input), "error")
+    if args.input == "-":
+        sentences = [fileio.decode_line(raw, "<stdin>", n) or ""
+                     for n, raw in enumerate(fileio.iter_raw_lines(sys.stdin.buffer, "<stdin>"), 1)]
+    else:
+        sentences = read_file_lines(Path(args.input), "error")
     gold = None
     if args.gold:
         gold = read_gold(args.gold)
@@ -99,7 +117,10 @@ def run(args: argparse.Namespace) -> int:
     sentences, gold = _read_input(args) if args.input else ([], None)
     # Parser takes the device by name.
     parser = Parser.from_checkpoint(args.checkpoint, device=str(options.device(args)), dtype=args.dtype)
-    parser.decode_settings(**decode)  # a bad option fails before any decoding
+    settings = parser.decode_settings(**decode)  # a bad option fails before any decoding
+    problem = parser.length_problem([s.split() for s in sentences], settings)
+    if problem is not None:
+        raise DataError(f"{'<stdin>' if args.input == '-' else args.input}:{problem[0] + 1}: {problem[1]}")
     total = len(sentences) if args.input else None
     scores: dict[str, Any] | None = None
     with tqdm(total=total, unit="sent", file=sys.stderr, disable=args.quiet, desc="parse") as bar:
@@ -116,11 +137,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace, what: str, results: list[Any], scores: dict[str, Any] | None) -> int:
+    from aiayn import fileio
     from aiayn.data.trees import tree_to_string
 
-    if args.output:
-        Path(args.output).write_text("".join((tree_to_string(r.tree) if r.tree else "") + "\n" for r in results),
-                                     encoding="utf-8")
+    if args.output:  # written whole or not at all
+        fileio.write_atomic(args.output, "".join((tree_to_string(r.tree) if r.tree else "") + "\n" for r in results),
+                            durable=False)
     repaired = sum(r.repaired for r in results)
     if scores is None:
         if args.json:

@@ -49,6 +49,7 @@ from aiayn.data.binarize import (
 )
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
+from aiayn.data.trees import prepare_parsing
 from aiayn.errors import ConfigError, DataError
 from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir, make_temp_dir
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, train_tokenizer
@@ -509,24 +510,15 @@ def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike,
     :func:`aiayn.data.trees.prepare_parsing` writes the parallel text (and gold trees);
     this turns it into a prepared directory like any other: separate vocabularies, BPE over
     words on the source (``cfg.vocab_size``) and one token per tree symbol on the target
-    (a word model sized to the symbols), ``{role}.gold.txt`` kept beside for EVALB.
+    (a word model sized to the symbols; with ``cfg.parsing_target: words`` the words as well,
+    up to ``cfg.tgt_vocab_size`` pieces), ``{role}.gold.txt`` kept beside for EVALB.
     """
-    import importlib
-
-    try:
-        trees = importlib.import_module("aiayn.data.trees")
-    except ImportError as exc:  # ModuleNotFoundError, or blocked in sys.modules
-        if exc.name != "aiayn.data.trees":
-            raise
-        trees = None
-    prepare_parsing = getattr(trees, "prepare_parsing", None)
-    if prepare_parsing is None:
-        raise DataError("the parsing task is not available yet (aiayn.data.trees.prepare_parsing is missing)")
     out = check_empty_dir(out_dir, force, DataError, inputs=[ptb_dir], own=_is_prepared)
     out.parent.mkdir(parents=True, exist_ok=True)
     text_dir = make_temp_dir(out.with_name(out.name + "-text"))
     try:
-        text_summary = prepare_parsing(Path(ptb_dir), text_dir)
+        text_summary = prepare_parsing(Path(ptb_dir), text_dir, target=cfg.parsing_target,
+                                       min_count=cfg.parsing_min_count)
         files: dict[str, Any] = {}
         gold: dict[str, Path] = {}
         for role in ROLES:

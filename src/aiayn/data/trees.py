@@ -57,7 +57,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,17 @@ ROOT_WRAPPERS = frozenset({"", "TOP"})
 
 FALLBACK_ROOT = "TOP"
 """Root label added when a tree has no single root; EVALB's COLLINS.prm deletes it."""
+
+TARGETS = ("placeholders", "words")
+"""What stands for a word in the target: ``XX`` (Vinyals et al., the paper), or the word
+itself, ``(S (NP Ms. Haag )NP ... )S``: the same length, but the decoder sees which word it
+has reached, so it need not count placeholders to stay aligned with the source."""
+
+
+def as_placeholders(tokens: Sequence[str], placeholder: str = PLACEHOLDER) -> list[str]:
+    """A target that spells its words, with each word replaced by ``placeholder``: every
+    token that is not a bracket stands for a word (for :func:`rebuild`)."""
+    return [t if t[:1] in "()" and len(t) > 1 else placeholder for t in tokens]
 
 DEFAULT_SPLITS: dict[str, tuple[int, int]] = {
     "train": (1, 159),
@@ -286,8 +298,9 @@ def clean_tree(tree: Tree) -> Tree | None:
 
 
 # ---------------------------------------------------------------------------- linearization
-def linearize(tree: Tree, placeholder: str = PLACEHOLDER) -> list[str]:
-    """Target tokens: ``(LABEL`` ... ``)LABEL`` per constituent, ``placeholder`` per word."""
+def linearize(tree: Tree, placeholder: str = PLACEHOLDER, *, spell: Container[str] = ()) -> list[str]:
+    """Target tokens: ``(LABEL`` ... ``)LABEL`` per constituent, ``placeholder`` per word,
+    or the word itself for the words in ``spell`` (see :data:`TARGETS`)."""
     out: list[str] = []
     # Stack items are nodes to open, or closing tokens (str) to emit after the children.
     stack: list[Tree | str] = [tree]
@@ -296,7 +309,7 @@ def linearize(tree: Tree, placeholder: str = PLACEHOLDER) -> list[str]:
         if isinstance(item, str):
             out.append(item)
         elif item.is_preterminal:
-            out.append(placeholder)
+            out.append(item.word if item.word is not None and item.word in spell else placeholder)
         else:
             out.append("(" + item.label)
             stack.append(")" + item.label)
@@ -353,6 +366,27 @@ def is_well_formed(pred_tokens: Sequence[str], n_words: int, placeholder: str = 
         else:
             return False
     return not stack and roots == 1 and words == n_words
+
+
+# ------------------------------------------------------------------------------ baselines
+def flat_tree(words: Sequence[str], label: str = "S", tag: str = PLACEHOLDER) -> Tree:
+    """The flat baseline: one ``label`` bracket over all the words."""
+    if not words:
+        raise DataError("cannot build a parse tree over an empty sentence")
+    return Tree(label, [Tree(tag, [], w) for w in words])
+
+
+def right_branching_tree(words: Sequence[str], root: str = "S", label: str = "NP",
+                         tag: str = PLACEHOLDER) -> Tree:
+    """The right-branching baseline: a binary tree whose every suffix of two or more words
+    is a constituent, ``(S w1 (NP w2 (NP w3 w4)))``; the root labelled ``root``, the others
+    ``label`` (English phrases branch to the right; NP is the commonest phrase label)."""
+    if not words:
+        raise DataError("cannot build a parse tree over an empty sentence")
+    node = Tree(tag, [], words[-1])
+    for i in range(len(words) - 2, -1, -1):  # iterative: sentences can be long
+        node = Tree(root if i == 0 else label, [Tree(tag, [], words[i]), node])
+    return node if not node.is_preterminal else Tree(root, [node])
 
 
 # ----------------------------------------------------------------------------- rebuilding
@@ -475,12 +509,9 @@ def _split_files(ptb_dir: Path, first: int, last: int) -> list[Path]:
     return files
 
 
-def _parsing_lines(files: list[Path], placeholder: str) -> tuple[list[str], list[str], list[str], int]:
-    """Source, target and gold lines (newline-terminated) of the cleaned trees in ``files``,
-    and how many trees were skipped for having no words."""
-    src_lines: list[str] = []
-    tgt_lines: list[str] = []
-    gold_lines: list[str] = []
+def _cleaned_trees(files: list[Path]) -> tuple[list[Tree], int]:
+    """The cleaned trees of ``files``, and how many were skipped for having no words."""
+    trees: list[Tree] = []
     skipped = 0
     for path in files:
         for line, raw in read_trees_with_lines(path):
@@ -488,12 +519,26 @@ def _parsing_lines(files: list[Path], placeholder: str) -> tuple[list[str], list
             if tree is None:
                 logger.warning("%s:%d: tree has no words after removing empty elements; skipped", path, line)
                 skipped += 1
-                continue
-            # Words never hold whitespace: the reader splits on it.
-            src_lines.append(" ".join(tree.leaves()) + "\n")
-            tgt_lines.append(" ".join(linearize(tree, placeholder)) + "\n")
-            gold_lines.append(tree_to_string(tree) + "\n")
-    return src_lines, tgt_lines, gold_lines, skipped
+            else:
+                trees.append(tree)
+    return trees, skipped
+
+
+def _parsing_lines(trees: list[Tree], placeholder: str,
+                   spell: Container[str]) -> tuple[list[str], list[str], list[str]]:
+    """Source, target and gold lines (newline-terminated) of ``trees``."""
+    # Words never hold whitespace: the reader splits on it.
+    return ([" ".join(tree.leaves()) + "\n" for tree in trees],
+            [" ".join(linearize(tree, placeholder, spell=spell)) + "\n" for tree in trees],
+            [tree_to_string(tree) + "\n" for tree in trees])
+
+
+def spelled_words(trees: Iterable[Tree], min_count: int) -> frozenset[str]:
+    """The words a ``words`` target spells: those seen ``min_count`` times or more in
+    ``trees`` (the training trees); rarer words stay placeholders, so that the target
+    vocabulary holds every target token (SentencePiece merges adjacent unknowns)."""
+    counts = Counter(word for tree in trees for word in tree.leaves())
+    return frozenset(word for word, n in counts.items() if n >= min_count)
 
 
 def prepare_parsing(
@@ -502,6 +547,8 @@ def prepare_parsing(
     *,
     splits: Mapping[str, tuple[int, int]] | None = None,
     placeholder: str = PLACEHOLDER,
+    target: str = "placeholders",
+    min_count: int = 2,
 ) -> dict:
     """Write the parsing task's parallel text for each split role.
 
@@ -510,9 +557,13 @@ def prepare_parsing(
     :data:`DEFAULT_SPLITS` (train 1-159, valid 160-179, test 180-199). For each role,
     writes ``{role}.src.txt`` (words, space-separated), ``{role}.tgt.txt`` (linearized
     tree) and ``{role}.gold.txt`` (cleaned tree with POS tags) into ``out_dir``, all
-    files renamed into place only once all are written. Returns ``{"splits": {role:
-    {"trees", "words", "skipped", "files": "wsj_0001-wsj_0159"}}, "placeholder", "source"}``.
+    files renamed into place only once all are written. ``target`` is one of
+    :data:`TARGETS`; a ``words`` target spells the words seen ``min_count`` times in the
+    ``train`` role's trees (:func:`spelled_words`). Returns ``{"splits": {role: {"trees", "words", "skipped", "files":
+    "wsj_0001-wsj_0159"}}, "placeholder", "target", "source"}``.
     """
+    if target not in TARGETS:
+        raise DataError(f"parsing target must be one of {', '.join(TARGETS)}, got {target!r}")
     ptb_dir = Path(ptb_dir)
     out_dir = Path(out_dir)
     if not ptb_dir.is_dir():
@@ -522,9 +573,13 @@ def prepare_parsing(
     splits = dict(splits if splits is not None else DEFAULT_SPLITS)
 
     contents: dict[Path, str] = {}
-    summary: dict = {"splits": {}, "placeholder": placeholder, "source": str(ptb_dir)}
+    summary: dict = {"splits": {}, "placeholder": placeholder, "target": target, "source": str(ptb_dir)}
+    trees = {role: _cleaned_trees(_split_files(ptb_dir, first, last)) for role, (first, last) in splits.items()}
+    spell = spelled_words(trees.get("train", ([], 0))[0], min_count) if target == "words" else frozenset()
+    summary["spelled_words"] = len(spell)
     for role, (first, last) in splits.items():
-        src_lines, tgt_lines, gold_lines, skipped = _parsing_lines(_split_files(ptb_dir, first, last), placeholder)
+        src_lines, tgt_lines, gold_lines = _parsing_lines(trees[role][0], placeholder, spell)
+        skipped = trees[role][1]
         contents[out_dir / f"{role}.src.txt"] = "".join(src_lines)
         contents[out_dir / f"{role}.tgt.txt"] = "".join(tgt_lines)
         contents[out_dir / f"{role}.gold.txt"] = "".join(gold_lines)

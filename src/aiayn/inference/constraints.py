@@ -44,7 +44,8 @@ class Constraint(Protocol):
 @dataclass(frozen=True)
 class TreeVocab:
     """The target ids of the tree symbols: ``open_ids[i]``/``close_ids[i]`` are label i's
-    ``(X`` and ``)X``; ``placeholder`` is the word slot ``XX``."""
+    ``(X`` and ``)X``; ``placeholder`` is the word slot ``XX`` (in a target that spells its
+    words, the slot of a word outside the vocabulary)."""
 
     open_ids: tuple[int, ...]
     close_ids: tuple[int, ...]
@@ -80,30 +81,42 @@ class TreeConstraint:
     it; the length rule keeps room for the words left and one closing per open bracket.
     """
 
-    def __init__(self, vocab: TreeVocab, n_words: Sequence[int], max_depth: int = 64) -> None:
+    def __init__(self, vocab: TreeVocab, n_words: Sequence[int], max_depth: int = 64,
+                 word_ids: Sequence[Sequence[int]] | None = None) -> None:
         self.vocab = vocab
         self.n_words = torch.as_tensor(list(n_words), dtype=torch.long)
         self.max_depth = max_depth
+        # slots[s, i]: the token that places word i of sentence s: the placeholder, or with
+        # ``word_ids`` (a target that spells the words) that word's own id. One spare
+        # column past the longest sentence keeps a finished row's lookup in range.
+        width = int(self.n_words.max()) + 1 if len(self.n_words) else 1
+        self.slots = torch.full((len(self.n_words), width), vocab.placeholder, dtype=torch.long)
+        if word_ids is not None:
+            if [len(w) for w in word_ids] != self.n_words.tolist():
+                raise ValueError("word_ids must hold one id per word of each sentence")
+            for s, ids in enumerate(word_ids):
+                self.slots[s, :len(ids)] = torch.as_tensor(list(ids), dtype=torch.long)
 
     def start(self, sent: Tensor, max_len: Tensor) -> _TreeState:
-        return _TreeState(self, self.n_words.to(max_len.device)[sent.to(max_len.device)], max_len.clone())
+        sent = sent.to(max_len.device)
+        return _TreeState(self, self.n_words.to(sent.device)[sent], self.slots.to(sent.device)[sent], max_len.clone())
 
 
 class _TreeState:
     """Per row: open labels (a stack), what is placed, and how many tokens are left."""
 
-    def __init__(self, con: TreeConstraint, n_words: Tensor, max_len: Tensor) -> None:
+    def __init__(self, con: TreeConstraint, n_words: Tensor, slots: Tensor, max_len: Tensor) -> None:
         v, dev, rows = con.vocab, max_len.device, n_words.numel()
         self.max_depth = con.max_depth
         self.open_ids = torch.tensor(v.open_ids, device=dev)
         self.close_ids = torch.tensor(v.close_ids, device=dev)
-        self.xx, self.eos = v.placeholder, v.eos
+        self.eos = v.eos
         # id -> label index, -1 for anything that is not a bracket of that kind.
         self.open_label = torch.full((v.vocab_size,), -1, dtype=torch.long, device=dev)
         self.open_label[self.open_ids] = torch.arange(len(v.open_ids), device=dev)
         self.close_label = torch.full((v.vocab_size,), -1, dtype=torch.long, device=dev)
         self.close_label[self.close_ids] = torch.arange(len(v.close_ids), device=dev)
-        self.n_words, self.max_len = n_words, max_len
+        self.n_words, self.slots, self.max_len = n_words, slots, max_len
         self.placed = torch.zeros(rows, dtype=torch.long, device=dev)
         self.depth = torch.zeros(rows, dtype=torch.long, device=dev)
         self.stack = torch.zeros(rows, con.max_depth, dtype=torch.long, device=dev)  # label per depth
@@ -129,21 +142,25 @@ class _TreeState:
         close_id = self.close_ids[self.stack.gather(1, top)[:, 0]]
         keep = torch.full_like(lprobs, NEG_INF)
         keep[:, self.open_ids] = torch.where(open_ok[:, None], lprobs[:, self.open_ids], NEG_INF)
-        keep[:, self.xx] = torch.where(xx_ok, lprobs[:, self.xx], NEG_INF)
         keep[:, self.eos] = torch.where(done, lprobs[:, self.eos], NEG_INF)
-        keep.scatter_(1, close_id[:, None], torch.where(close_ok, lprobs.gather(1, close_id[:, None])[:, 0],
-                                                        NEG_INF)[:, None])
+        for ids, ok in ((self._next_word(), xx_ok), (close_id, close_ok)):
+            keep.scatter_(1, ids[:, None], torch.where(ok, lprobs.gather(1, ids[:, None])[:, 0], NEG_INF)[:, None])
         lprobs.copy_(keep)
 
+    def _next_word(self) -> Tensor:
+        """Each row's token for its next word (the placeholder, or the word itself)."""
+        at = self.placed.clamp(max=self.slots.shape[1] - 1)
+        return self.slots.gather(1, at[:, None])[:, 0]
+
     def select(self, index: Tensor) -> None:
-        for name in ("n_words", "max_len", "placed", "depth", "stack", "filled", "started"):
+        for name in ("n_words", "slots", "max_len", "placed", "depth", "stack", "filled", "started"):
             setattr(self, name, getattr(self, name).index_select(0, index))
 
     def advance(self, tokens: Tensor) -> None:
         rows = torch.arange(tokens.numel(), device=tokens.device)
         opened = self.open_label[tokens]
         is_open, is_close = opened >= 0, self.close_label[tokens] >= 0
-        is_xx = tokens == self.xx
+        is_xx = (tokens == self._next_word()) & (self.placed < self.n_words)
         # The innermost bracket now holds something (a word or a new bracket).
         parent = (self.depth - 1).clamp(min=0)
         self.filled[rows, parent] |= (is_open | is_xx) & (self.depth > 0)

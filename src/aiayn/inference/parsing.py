@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiayn.data.trees import PLACEHOLDER, Tree, is_well_formed, read_trees_with_lines, rebuild
+from aiayn.config import Config
+from aiayn.data.trees import PLACEHOLDER, TARGETS, Tree, as_placeholders, is_well_formed, read_trees_with_lines, rebuild
 from aiayn.errors import DataError
 from aiayn.evaluation.parsing import evalb
 from aiayn.inference.constraints import TreeConstraint, TreeVocab
 from aiayn.inference.translator import Translator
-from aiayn.vocab import EOS_ID
+from aiayn.vocab import EOS_ID, UNK_ID
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +78,17 @@ class Parser:
     checkpoint's ``decode`` section; keyword overrides to :meth:`parse` win over both.
     """
 
-    def __init__(self, translator: Translator, placeholder: str = PLACEHOLDER) -> None:
+    def __init__(self, translator: Translator, placeholder: str = PLACEHOLDER, target: str | None = None) -> None:
+        """``target``: what stands for a word in the model's trees (:data:`~aiayn.data.trees.TARGETS`);
+        by default the checkpoint's ``data.parsing_target`` (placeholders for older ones)."""
         self.translator = translator
         self.placeholder = placeholder
+        if target is None:
+            config = translator.config
+            target = config.data.parsing_target if isinstance(config, Config) else "placeholders"
+        if target not in TARGETS:
+            raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
+        self.target = target
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "cpu",
@@ -93,11 +102,41 @@ class Parser:
         self.translator.decode_config(**settings)  # raises ConfigError on a bad option
         return settings
 
-    def tree_constraint(self, word_counts: Sequence[int]) -> Callable[[list[int]], TreeConstraint]:
-        """The grammar for sentences with ``word_counts`` words, per batch of their indices."""
+    def tree_constraint(self, word_lists: Sequence[Sequence[str]]) -> Callable[[list[int]], TreeConstraint]:
+        """The grammar for sentences of ``word_lists``, per batch of their indices: trees over
+        exactly their words (spelled as the target spells them when it holds the words)."""
         tok = self.translator.tokenizer
         vocab = TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), self.placeholder, EOS_ID)
-        return lambda batch: TreeConstraint(vocab, [word_counts[i] for i in batch])
+        if self.target == "placeholders":
+            return lambda batch: TreeConstraint(vocab, [len(word_lists[i]) for i in batch])
+        ids = [self._word_ids(words, vocab.placeholder) for words in word_lists]
+        return lambda batch: TreeConstraint(vocab, [len(ids[i]) for i in batch], word_ids=[ids[i] for i in batch])
+
+    def _word_ids(self, words: Sequence[str], placeholder: int) -> list[int]:
+        """The target id of each word; the placeholder's for a word the target vocabulary
+        lacks (a rare word, written as the placeholder in the training trees)."""
+        pieces = self.translator.tokenizer.encode_tgt_batch(list(words))
+        return [p[0] if len(p) == 1 and p[0] != UNK_ID else placeholder for p in pieces]
+
+    def length_problem(self, word_lists: Sequence[Sequence[str]], settings: dict[str, Any]) -> tuple[int, str] | None:
+        """The first sentence (index, why) the model cannot parse whole with ``settings``
+        (:meth:`decode_settings`): more source tokens than its positions, or a tree over its
+        words (two brackets, one token per word) longer than the output bound."""
+        tr = self.translator
+        src_lens = tr.source_lengths([" ".join(ptb_escape(w) for w in words) for words in word_lists])
+        for i, (words, n_src) in enumerate(zip(word_lists, src_lens)):
+            if not words:
+                continue
+            if tr.max_src_len is not None and n_src > tr.max_src_len:
+                return i, (f"{len(words)} words make {n_src} source tokens (with EOS); the model has "
+                           f"{tr.max_src_len} positions: split the sentence")
+            bound = int(settings["max_len_a"] * n_src + settings["max_len_b"])
+            if tr.max_tgt_len is not None:
+                bound = min(bound, tr.max_tgt_len - 1)
+            if len(words) + 2 > bound:
+                return i, (f"{len(words)} words need a tree of at least {len(words) + 2} tokens; the output "
+                           f"may hold {bound} (model positions, --max-len-a/--max-len-b)")
+        return None
 
     def parse(self, sentences: Sequence[str | Sequence[str]],
               progress: Callable[[int], None] | None = None, constrained: bool = True,
@@ -116,17 +155,23 @@ class Parser:
         texts = [" ".join(words) for words in word_lists]
         t0 = time.perf_counter()
         if constrained:
-            settings["constraint_for"] = self.tree_constraint([len(w) for w in word_lists])
+            settings["constraint_for"] = self.tree_constraint(word_lists)
         outputs = self.translator.translate_detailed(texts, nbest=1, progress=progress, **settings) if texts else []
         translations = [r.hypotheses[0].text if r.hypotheses else "" for r in outputs]
         # The target vocabulary is one piece per tree symbol, so the decoded text splits
         # back into symbols on spaces (an <unk> becomes a token rebuild() drops).
-        results = [to_tree(text.split(), words, self.placeholder) for words, text in zip(word_lists, translations)]
+        results = [to_tree(self._symbols(text), words, self.placeholder)
+                   for words, text in zip(word_lists, translations)]
         n_repaired = sum(r.repaired for r in results)
         log.info("parsed %d sentences in %.1f s (beam %d, lenpen %g, max length %g * input + %d); "
                  "%d needed repair", len(results), time.perf_counter() - t0, settings["beam"],
                  settings["lenpen"], settings["max_len_a"], settings["max_len_b"], n_repaired)
         return results
+
+    def _symbols(self, text: str) -> list[str]:
+        """A decoded prediction as tree symbols (words read as placeholders)."""
+        tokens = text.split()
+        return tokens if self.target == "placeholders" else as_placeholders(tokens, self.placeholder)
 
 
 def score_parses(gold_trees: Sequence[Tree | str], results: Sequence[ParseResult]) -> dict[str, Any]:

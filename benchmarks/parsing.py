@@ -1,0 +1,161 @@
+"""Constituency parsing on the PTB sample (issue 20): the table of docs/benchmarks.md.
+
+Every row is scored by the project's EVALB (COLLINS.prm, :mod:`aiayn.evaluation.parsing`) on
+the prepared split's gold trees:
+
+- baselines that need no model: one flat ``S`` over the words, and the right-branching
+  binary tree (root ``S``, every other bracket ``NP``: :func:`aiayn.data.trees.right_branching_tree`);
+- with ``--checkpoint``: the model greedy (beam 1) and with the paper's beam 21, each free
+  (malformed outputs repaired) and constrained (:class:`~aiayn.inference.constraints.TreeConstraint`),
+  with the decoding time;
+- ``--runs N``: the cost of the constraint at beam 21 on the first split, timed N times with
+  the modes alternated (medians): the free search, the same search with the constraint's
+  whole per-step work done but not applied (the same hypotheses, so the difference is the
+  constraint's own cost; its mask works on a copy of the scores, so this is an upper bound),
+  and constrained end to end (different outputs: a constrained tree holds every word).
+
+    python benchmarks/parsing.py --prepared data-bin/ptb_parsing [--checkpoint RUN/averaged]
+        [--splits valid test] [--runs 3] [--threads 2] [--json results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.data.trees import flat_tree, right_branching_tree
+from aiayn.evaluation.parsing import evalb
+from aiayn.inference.parsing import Parser, parse_prepared_split, read_gold
+
+BASELINES: dict[str, Callable[[list[str]], Any]] = {
+    "one flat S over the words": flat_tree,
+    "right-branching, binary, labelled S (root) / NP": right_branching_tree,
+}
+
+
+def baseline_rows(prepared: Path, splits: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for name, build in BASELINES.items():
+        row: dict[str, Any] = {"system": name}
+        for split in splits:
+            gold = read_gold(prepared / f"{split}.gold.txt")
+            row[split] = evalb(gold, [build(t.leaves()) for t in gold])
+        rows.append(row)
+    return rows
+
+
+def model_rows(parser: Parser, prepared: Path, splits: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for beam in (1, 21):
+        for constrained in (False, True):
+            row: dict[str, Any] = {"system": f"model, beam {beam}, {'constrained' if constrained else 'free'}"}
+            for split in splits:
+                row[split], _ = parse_prepared_split(parser, prepared, split, beam=beam, constrained=constrained)
+            rows.append(row)
+    return rows
+
+
+class _Shadow:
+    """A constraint state that does all of ``inner``'s work on every step and applies none."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def mask(self, lprobs: torch.Tensor, t: int) -> None:
+        self.inner.mask(lprobs.clone(), t)
+
+    def select(self, index: torch.Tensor) -> None:
+        self.inner.select(index)
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        self.inner.advance(tokens)
+
+
+class _ShadowConstraint:
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def start(self, sent: torch.Tensor, max_len: torch.Tensor) -> _Shadow:
+        return _Shadow(self.inner.start(sent, max_len))
+
+
+def constraint_cost(parser: Parser, prepared: Path, split: str, runs: int) -> dict[str, Any]:
+    """Median seconds of beam-21 decoding of ``split``: free, free + the constraint's work,
+    constrained; the modes alternated, the order flipped every run."""
+    words = [t.leaves() for t in read_gold(prepared / f"{split}.gold.txt")]
+    texts = [" ".join(w) for w in words]
+    settings = parser.decode_settings()
+    factory = parser.tree_constraint(words)
+
+    def translate(constraint_for: Any) -> list[str]:
+        out = parser.translator.translate_detailed(texts, nbest=1, constraint_for=constraint_for, **settings)
+        return [r.hypotheses[0].text for r in out]
+
+    modes: dict[str, Callable[[], Any]] = {
+        "free": lambda: translate(None),
+        "free + the constraint's work, not applied": lambda: translate(lambda b: _ShadowConstraint(factory(b))),
+        "constrained": lambda: translate(factory),
+    }
+    times: dict[str, list[float]] = {m: [] for m in modes}
+    outputs: dict[str, Any] = {}
+    for run in range(runs):
+        for mode in list(modes) if run % 2 == 0 else list(modes)[::-1]:
+            t0 = time.perf_counter()
+            outputs[mode] = modes[mode]()
+            times[mode].append(time.perf_counter() - t0)
+    assert outputs["free"] == outputs["free + the constraint's work, not applied"], "the shadow changed the search"
+    medians = {m: statistics.median(v) for m, v in times.items()}
+    return {"split": split, "sentences": len(texts), "runs": runs, "seconds": times, "median": medians,
+            "tokens": {m: sum(len(t.split()) for t in outputs[m]) for m in modes}}
+
+
+def _print_table(rows: list[dict[str, Any]], splits: list[str]) -> None:
+    head = " | ".join(f"{s} F1 | {s} P / R | {s} repaired | {s} s" for s in splits)
+    print(f"| system | {head} |")
+    print("|---|" + "---:|" * (4 * len(splits)))
+    for row in rows:
+        cells = []
+        for s in splits:
+            r = row[s]
+            cells.append(f"{r['f1']:.2f} | {r['precision']:.2f} / {r['recall']:.2f} | {r.get('repaired', '')} | "
+                         f"{r.get('seconds', '')}")
+        print(f"| {row['system']} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prepared", type=Path, required=True, help="written by `aiayn prepare --task parsing`")
+    ap.add_argument("--checkpoint", nargs="+", help="a trained parsing checkpoint (several: averaged)")
+    ap.add_argument("--splits", nargs="+", default=["valid", "test"])
+    ap.add_argument("--runs", type=int, default=0, help="time the constraint's cost this many times (0: no)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write every figure here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = baseline_rows(args.prepared, args.splits)
+    cost = None
+    if args.checkpoint:
+        parser = Parser.from_checkpoint(args.checkpoint)
+        rows += model_rows(parser, args.prepared, args.splits)
+        if args.runs:
+            cost = constraint_cost(parser, args.prepared, args.splits[0], args.runs)
+    _print_table(rows, args.splits)
+    if cost is not None:
+        med = cost["median"]
+        print(f"\nbeam 21 over {cost['split']} ({cost['sentences']} sentences), medians of {cost['runs']} runs:")
+        for mode, seconds in med.items():
+            print(f"- {mode}: {seconds:.2f} s ({100 * (seconds / med['free'] - 1):+.1f}%), "
+                  f"{cost['tokens'][mode]:,} output tokens")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "constraint_cost": cost}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
