@@ -4,7 +4,8 @@ Every row is scored by the project's EVALB (COLLINS.prm, :mod:`aiayn.evaluation.
 the prepared split's gold trees:
 
 - baselines that need no model: one flat ``S`` over the words, and the right-branching
-  binary tree (root ``S``, every other bracket ``NP``: :func:`aiayn.data.trees.right_branching_tree`);
+  binary tree (root ``S``, every other bracket ``NP``: :func:`aiayn.data.trees.right_branching_tree`),
+  scored labelled and unlabelled (COLLINS.prm with ``LABELED 0``);
 - with ``--checkpoint``: the model greedy (beam 1) and with the paper's beam 21, each free
   (malformed outputs repaired) and constrained (:class:`~aiayn.inference.constraints.TreeConstraint`),
   with the decoding time;
@@ -21,6 +22,7 @@ the prepared split's gold trees:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -31,22 +33,24 @@ from typing import Any
 import torch
 
 from aiayn.data.trees import flat_tree, right_branching_tree
-from aiayn.evaluation.parsing import evalb
+from aiayn.evaluation.parsing import EvalbParams, evalb
 from aiayn.inference.parsing import Parser, parse_prepared_split, read_gold
 
-BASELINES: dict[str, Callable[[list[str]], Any]] = {
-    "one flat S over the words": flat_tree,
-    "right-branching, binary, labelled S (root) / NP": right_branching_tree,
+UNLABELED = dataclasses.replace(EvalbParams.collins(), labeled=False)
+BASELINES: dict[str, tuple[Callable[[list[str]], Any], EvalbParams]] = {
+    "one flat S over the words": (flat_tree, EvalbParams.collins()),
+    "right-branching, binary, labelled S (root) / NP": (right_branching_tree, EvalbParams.collins()),
+    "right-branching, binary, unlabelled (LABELED 0)": (right_branching_tree, UNLABELED),
 }
 
 
 def baseline_rows(prepared: Path, splits: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for name, build in BASELINES.items():
+    for name, (build, params) in BASELINES.items():
         row: dict[str, Any] = {"system": name}
         for split in splits:
             gold = read_gold(prepared / f"{split}.gold.txt")
-            row[split] = evalb(gold, [build(t.leaves()) for t in gold])
+            row[split] = evalb(gold, [build(t.leaves()) for t in gold], params=params)
         rows.append(row)
     return rows
 

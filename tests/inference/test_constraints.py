@@ -117,9 +117,9 @@ def test_every_output_is_a_tree_over_the_words(seed: int, n_words: list[int], be
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), sentences=st.lists(st.lists(st.sampled_from(["dog", "XX"]), min_size=1,
                                                                   max_size=4), min_size=1, max_size=3),
-       beam=st.integers(1, 6), how=st.sampled_from(["beam", "greedy", "sample"]))
+       beam=st.integers(1, 6), how=st.sampled_from(["beam", "greedy", "sample"]), any_word=st.booleans())
 def test_a_target_that_spells_its_words_gets_exactly_those_words(seed: int, sentences: list[list[str]],
-                                                                 beam: int, how: str) -> None:
+                                                                 beam: int, how: str, any_word: bool) -> None:
     """``word_ids``: each word slot takes that word's own token (XX for a word the vocabulary
     lacks), in order; the model's scores favour the other word and stray brackets."""
     gen = torch.Generator().manual_seed(seed)
@@ -130,13 +130,39 @@ def test_a_target_that_spells_its_words_gets_exactly_those_words(seed: int, sent
     ids = [[PIECES.index(w) for w in words] for words in sentences]
     search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
     out = search(TableModel(table), _src(len(ids), 3), cfg,
-                 constraint=TreeConstraint(VOCAB, [len(w) for w in ids], word_ids=ids))
+                 constraint=TreeConstraint(VOCAB, [len(w) for w in ids], word_ids=ids, any_word=any_word))
     for hyps, words in zip(out, sentences):
         assert hyps
         for h in hyps:
             pieces = _pieces(h.tokens)
             assert [p for p in pieces if p[0] not in "()"] == words
             assert is_well_formed(as_placeholders(pieces), len(words)), pieces
+
+
+def test_any_word_scores_a_given_word_by_the_belief_that_a_word_comes_next() -> None:
+    # The model wants "(S cat )S" for the one-word sentence "dog". Scored by its belief in
+    # "dog" itself (-8), a word loses to opening brackets (-3); scored as "a word here"
+    # (cat + dog + ...), the given word goes where the model expects a word.
+    pieces = [*PIECES, "cat"]
+    vocab = TreeVocab.from_pieces(pieces, "XX", EOS_ID)
+    table = torch.full((6, len(pieces)), -12.0)
+    table[0, pieces.index("(S")] = -0.01
+    table[1:, pieces.index("(NP")] = -3.0
+    table[1:, pieces.index("cat")] = -0.01
+    table[1:, pieces.index("dog")] = -8.0
+    table[2:, pieces.index(")S")] = -0.5
+    table[2:, pieces.index(")NP")] = -0.5
+    table[3:, EOS_ID] = -0.01
+    model = TableModel(table)
+    dog = [[pieces.index("dog")]]
+
+    def best(any_word: bool) -> list[str]:
+        out = greedy_search(model, _src(1, 3), _cfg(beam=1, max_len_b=5),
+                            constraint=TreeConstraint(vocab, [1], word_ids=dog, any_word=any_word))
+        return [pieces[i] for i in out[0][0].tokens if i != EOS_ID]
+
+    assert best(any_word=True) == ["(S", "dog", ")S"]
+    assert best(any_word=False) == ["(S", "(NP", "dog", ")NP", ")S"]
 
 
 def test_word_ids_must_match_the_word_counts() -> None:

@@ -21,6 +21,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from aiayn.vocab import SPECIAL_IDS
+
 NEG_INF = float("-inf")
 
 
@@ -82,8 +84,14 @@ class TreeConstraint:
     """
 
     def __init__(self, vocab: TreeVocab, n_words: Sequence[int], max_depth: int = 64,
-                 word_ids: Sequence[Sequence[int]] | None = None) -> None:
+                 word_ids: Sequence[Sequence[int]] | None = None, any_word: bool = False) -> None:
+        """``word_ids``: a target that spells its words; each word slot takes that word's
+        own token. ``any_word``: score that token by the model's belief that *a* word comes
+        next (the log of the summed probability of every token that is not a tree symbol or a
+        special), not by its belief in that word: the words are given, not predicted, and a
+        model that expects another word here must not be pushed into opening brackets."""
         self.vocab = vocab
+        self.any_word = any_word
         self.n_words = torch.as_tensor(list(n_words), dtype=torch.long)
         self.max_depth = max_depth
         # slots[s, i]: the token that places word i of sentence s: the placeholder, or with
@@ -117,6 +125,11 @@ class _TreeState:
         self.close_label = torch.full((v.vocab_size,), -1, dtype=torch.long, device=dev)
         self.close_label[self.close_ids] = torch.arange(len(v.close_ids), device=dev)
         self.n_words, self.slots, self.max_len = n_words, slots, max_len
+        # Columns that are words (not tree symbols, not specials), for ``any_word``.
+        self.word_cols: Tensor | None = None
+        if con.any_word:
+            self.word_cols = (self.open_label < 0) & (self.close_label < 0)
+            self.word_cols[list(SPECIAL_IDS)] = False
         self.placed = torch.zeros(rows, dtype=torch.long, device=dev)
         self.depth = torch.zeros(rows, dtype=torch.long, device=dev)
         self.stack = torch.zeros(rows, con.max_depth, dtype=torch.long, device=dev)  # label per depth
@@ -143,8 +156,14 @@ class _TreeState:
         keep = torch.full_like(lprobs, NEG_INF)
         keep[:, self.open_ids] = torch.where(open_ok[:, None], lprobs[:, self.open_ids], NEG_INF)
         keep[:, self.eos] = torch.where(done, lprobs[:, self.eos], NEG_INF)
-        for ids, ok in ((self._next_word(), xx_ok), (close_id, close_ok)):
-            keep.scatter_(1, ids[:, None], torch.where(ok, lprobs.gather(1, ids[:, None])[:, 0], NEG_INF)[:, None])
+        word = self._next_word()[:, None]
+        if self.word_cols is None:
+            word_lp = lprobs.gather(1, word)[:, 0]
+        else:
+            word_lp = lprobs.masked_fill(~self.word_cols, NEG_INF).logsumexp(-1)
+        keep.scatter_(1, word, torch.where(xx_ok, word_lp, NEG_INF)[:, None])
+        keep.scatter_(1, close_id[:, None], torch.where(close_ok, lprobs.gather(1, close_id[:, None])[:, 0],
+                                                        NEG_INF)[:, None])
         lprobs.copy_(keep)
 
     def _next_word(self) -> Tensor:

@@ -110,7 +110,8 @@ class Parser:
         if self.target == "placeholders":
             return lambda batch: TreeConstraint(vocab, [len(word_lists[i]) for i in batch])
         ids = [self._word_ids(words, vocab.placeholder) for words in word_lists]
-        return lambda batch: TreeConstraint(vocab, [len(ids[i]) for i in batch], word_ids=[ids[i] for i in batch])
+        return lambda batch: TreeConstraint(vocab, [len(ids[i]) for i in batch], word_ids=[ids[i] for i in batch],
+                                            any_word=True)
 
     def _word_ids(self, words: Sequence[str], placeholder: int) -> list[int]:
         """The target id of each word; the placeholder's for a word the target vocabulary
