@@ -153,7 +153,7 @@ def test_any_word_scores_a_given_word_by_the_belief_that_a_word_comes_next() -> 
     table[2:, pieces.index(")S")] = -0.5
     table[2:, pieces.index(")NP")] = -0.5
     table[3:, EOS_ID] = -0.01
-    model = TableModel(table)
+    model = TableModel(table.log_softmax(-1))
     dog = [[pieces.index("dog")]]
 
     def best(any_word: bool) -> list[str]:

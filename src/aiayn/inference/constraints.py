@@ -125,11 +125,14 @@ class _TreeState:
         self.close_label = torch.full((v.vocab_size,), -1, dtype=torch.long, device=dev)
         self.close_label[self.close_ids] = torch.arange(len(v.close_ids), device=dev)
         self.n_words, self.slots, self.max_len = n_words, slots, max_len
-        # Columns that are words (not tree symbols, not specials), for ``any_word``.
-        self.word_cols: Tensor | None = None
+        # For ``any_word``: the columns that are not words (tree symbols and specials), a
+        # few dozen, so that the word mass is found as 1 - their mass without a pass over
+        # the whole vocabulary (the scores are log-probabilities; a search mask that removed
+        # EOS before this one leaves its mass to the words, at most P(EOS)).
+        self.not_words: Tensor | None = None
         if con.any_word:
-            self.word_cols = (self.open_label < 0) & (self.close_label < 0)
-            self.word_cols[list(SPECIAL_IDS)] = False
+            self.not_words = torch.cat([self.open_ids, self.close_ids,
+                                        torch.tensor(sorted(SPECIAL_IDS), device=dev)])
         self.placed = torch.zeros(rows, dtype=torch.long, device=dev)
         self.depth = torch.zeros(rows, dtype=torch.long, device=dev)
         self.stack = torch.zeros(rows, con.max_depth, dtype=torch.long, device=dev)  # label per depth
@@ -157,10 +160,11 @@ class _TreeState:
         keep[:, self.open_ids] = torch.where(open_ok[:, None], lprobs[:, self.open_ids], NEG_INF)
         keep[:, self.eos] = torch.where(done, lprobs[:, self.eos], NEG_INF)
         word = self._next_word()[:, None]
-        if self.word_cols is None:
-            word_lp = lprobs.gather(1, word)[:, 0]
-        else:
-            word_lp = lprobs.masked_fill(~self.word_cols, NEG_INF).logsumexp(-1)
+        word_lp = lprobs.gather(1, word)[:, 0]
+        if self.not_words is not None:
+            rest = lprobs[:, self.not_words].logsumexp(-1).clamp(max=0.0)
+            # log(1 - e^rest), never below the word's own score (rounding when rest ~ 0).
+            word_lp = torch.maximum(torch.log(-torch.expm1(rest)), word_lp)
         keep.scatter_(1, word, torch.where(xx_ok, word_lp, NEG_INF)[:, None])
         keep.scatter_(1, close_id[:, None], torch.where(close_ok, lprobs.gather(1, close_id[:, None])[:, 0],
                                                         NEG_INF)[:, None])
