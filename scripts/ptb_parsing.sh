@@ -30,7 +30,7 @@ echo "== train ($RUN, $AIAYN_NUM_THREADS threads)"
 $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@"
 
 echo "== average the last $AVERAGE checkpoints"
-$AIAYN average "$RUN" --last "$AVERAGE" --out "$RUN/averaged"
+$AIAYN average "$RUN" --last "$AVERAGE" --out "$RUN/averaged" --force
 
 # Decoding uses the torch threads too; the checkpoint's batch_tokens keeps beam 21 in memory.
 for split in valid test; do

@@ -88,6 +88,9 @@ MATRIX: list[Case] = [
     # ---------------------------------------------------------------- parse
     Case("parse/missing-input", "parse --checkpoint {ck} --input {missing}", "missing.txt"),
     Case("parse/pickled-checkpoint", "parse --checkpoint {pickled} --input {good}", "model.safetensors"),
+    Case("parse/translation-checkpoint", "parse --checkpoint {ck} --input {good}", "not a parsing checkpoint"),
+    Case("parse/output-is-input", "parse --checkpoint {ck} --input {good} --output {good}", "good.txt"),
+    Case("parse/invalid-utf8", "parse --checkpoint {ck} --input {badutf8}", "badutf8.txt:2: invalid UTF-8"),
     # ---------------------------------------------------------------- export / import
     Case("export/missing-checkpoint", "export hf {missing} {out}", "missing.txt"),
     Case("export/out-nonempty", "export hf {ck} {nonempty}", "not empty"),

@@ -90,14 +90,13 @@ def _set_threads(args: argparse.Namespace) -> None:
 def _read_input(args: argparse.Namespace) -> tuple[list[str], list[Any] | None]:
     """The --input sentences and, with --gold, their gold trees."""
     from aiayn import fileio
-    from aiayn.cli.translate import read_file_lines
     from aiayn.inference.parsing import read_gold
 
     if args.input == "-":
         sentences = [fileio.decode_line(raw, "<stdin>", n) or ""
                      for n, raw in enumerate(fileio.iter_raw_lines(sys.stdin.buffer, "<stdin>"), 1)]
     else:
-        sentences = read_file_lines(Path(args.input), "error")
+        sentences = [line or "" for line in fileio.read_text_lines(Path(args.input), "error", strip="eol")]
     gold = None
     if args.gold:
         gold = read_gold(args.gold)

@@ -93,8 +93,17 @@ class Parser:
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "cpu",
                         dtype: str = "fp32") -> Parser:
-        """Load a checkpoint (several paths: averaged weights, see :class:`Translator`)."""
-        return cls(Translator.from_checkpoint(path, device=device, dtype=dtype))
+        """Load a checkpoint (several paths: averaged weights, see :class:`Translator`);
+        a checkpoint whose target vocabulary has no tree symbols is refused."""
+        parser = cls(Translator.from_checkpoint(path, device=device, dtype=dtype))
+        tok = parser.translator.tokenizer
+        try:
+            TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), parser.placeholder, EOS_ID)
+        except ValueError:
+            where = path if isinstance(path, (str, Path)) else path[0]
+            raise DataError(f"{where}: not a parsing checkpoint: its target vocabulary has no tree symbols "
+                            f"('(X', ')X', {parser.placeholder!r}); train one with configs/ptb_parsing.yaml") from None
+        return parser
 
     def decode_settings(self, **overrides: Any) -> dict[str, Any]:
         """The paper's parsing settings with ``overrides`` (None values ignored), validated."""
