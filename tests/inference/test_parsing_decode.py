@@ -11,7 +11,7 @@ import torch
 
 from aiayn.cli.main import main
 from aiayn.config import Config, DecodeConfig, load_config, model_preset
-from aiayn.data.trees import linearize, parse_tree, tree_to_string
+from aiayn.data.trees import is_well_formed, linearize, parse_tree, tree_to_string
 from aiayn.inference.parsing import (
     PARSING_DECODE,
     Parser,
@@ -108,6 +108,46 @@ def test_random_model_gives_a_valid_tree_for_every_sentence(parsing_checkpoint: 
     scores = score_parses(gold_trees, results[:len(gold_trees)])
     assert scores["repaired"] == sum(r.repaired for r in results[:len(gold_trees)]) > 0
     assert scores["parsed"] == len(gold_trees) and 0.0 <= scores["f1"] <= 100.0
+
+
+@pytest.fixture(scope="module")
+def words_checkpoint(tmp_path_factory: pytest.TempPathFactory, gold_trees: list) -> Path:
+    """Random weights, a target that spells its words (data.parsing_target: words)."""
+    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.config import DataConfig
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+
+    root = tmp_path_factory.mktemp("parsing-words")
+    spell = {"The", "the", "a", ".", "cat"}
+    words = [" ".join(t.leaves()) for t in gold_trees] * 20
+    symbols = [" ".join(linearize(t, spell=spell)) for t in gold_trees] * 20
+    tok = train_tokenizer(words, symbols, root / "spm", vocab_size=60, joint=False, model_type="bpe",
+                          tgt_model_type="word", num_threads=1)
+    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    share_embeddings="decoder", max_positions=128),
+                 data=DataConfig(parsing_target="words"), decode=DecodeConfig(batch_tokens=64))
+    torch.manual_seed(0)
+    return save_checkpoint(root / "ckpt", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_a_words_target_parses_with_each_word_in_place(words_checkpoint: Path, gold_trees: list, beam: int) -> None:
+    parser = Parser.from_checkpoint(words_checkpoint)
+    assert parser.target == "words"
+    sentences = [t.leaves() for t in gold_trees] + [["the", "dog", "of", "Ms.", "cat"]]
+    tok = parser.translator.tokenizer
+    xx = tok.tgt_pieces(range(tok.tgt_vocab_size)).index("\u2581XX")
+    # Spelled words by their own id, the others (unseen or rare in training) as XX.
+    assert [tok.tgt_pieces([i])[0] for i in parser._word_ids(sentences[-1], xx)] == \
+        ["\u2581the", "\u2581XX", "\u2581XX", "\u2581XX", "\u2581cat"]
+    results = parser.parse(sentences, beam=beam, max_len_b=40)
+    for r, words in zip(results, sentences):
+        assert not r.repaired and r.tree is not None and r.tree.leaves() == words
+        assert is_well_formed(r.tokens, len(words))  # words read back as placeholders
+    # Unconstrained, the same model's free output is read the same way (and repaired).
+    free = parser.parse(sentences, beam=beam, max_len_b=40, constrained=False)
+    assert all(r.tree is not None and r.tree.leaves() == w for r, w in zip(free, sentences))
 
 
 def test_gold_linearizations_score_100(gold_trees: list) -> None:
