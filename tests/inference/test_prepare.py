@@ -59,6 +59,28 @@ def test_fused_qkv_and_transposed_projection_equal_the_plain_model() -> None:
         assert (prepared.model(src, tgt) - model(src, tgt)).abs().max() <= 1e-5
 
 
+def test_fused_qkv_with_d_k_different_from_d_v_equals_the_plain_model() -> None:
+    """Table 3 row (B): the fused matrix holds h*d_k query, h*d_k key and h*d_v value rows;
+    the prepared copy's projections, forward pass and cached beam search equal the plain
+    model's (fp32)."""
+    model = _model(d_k=8, d_v=24)
+    prepared = prepare_for_inference(model)
+    x = torch.randn(2, 5, 64)
+    with torch.no_grad():
+        for plain, fused in zip(_self_attentions(model), _self_attentions(prepared.model)):
+            assert isinstance(fused, FusedQKVAttention) and fused.qkv.weight.shape == (4 * (8 + 8 + 24), 64)
+            for a, b in zip(fused.project_qkv(x), plain.project_qkv(x)):
+                assert a.shape == b.shape and (a - b).abs().max() <= 1e-6
+            assert (fused(x, is_causal=True)[0] - plain(x, is_causal=True)[0]).abs().max() <= 1e-5
+        src, tgt = _src(), torch.randint(4, VOCAB, (3, 6))
+        assert (prepared.model(src, tgt) - model(src, tgt)).abs().max() <= 1e-5
+        got = beam_search(IncrementalDecoder(prepared), src, CFG)
+        expected = beam_search(IncrementalDecoder(model), src, CFG)
+    for g, e in zip(got, expected):
+        assert [h.tokens for h in g] == [h.tokens for h in e]
+        assert [h.score for h in g] == pytest.approx([h.score for h in e], abs=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16, torch.int8])
 def test_preparation_leaves_the_model_untouched(dtype: torch.dtype | None) -> None:
     model = _model()

@@ -78,10 +78,10 @@ def test_the_two_kernels_agree() -> None:
     torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def _model(seed: int = 0):
+def _model(seed: int = 0, **overrides):
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
-                      src_vocab_size=40, tgt_vocab_size=40, max_positions=64, dropout=0.0)
+                      src_vocab_size=40, tgt_vocab_size=40, max_positions=64, dropout=0.0, **overrides)
     return build_model(cfg).eval()
 
 
@@ -106,8 +106,9 @@ def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
     assert not torch.equal(out, ref)
 
 
-def test_quantized_cache_decoding_equals_recomputation() -> None:
-    model = prepare_for_inference(_model(2), dtype=torch.int8)
+@pytest.mark.parametrize("heads", [{}, {"d_k": 4, "d_v": 16}])  # Table 3 row (B): d_k != d_v
+def test_quantized_cache_decoding_equals_recomputation(heads: dict) -> None:
+    model = prepare_for_inference(_model(2, **heads), dtype=torch.int8)
     src = torch.randint(4, 40, (4, 8))
     cfg = DecodeConfig(beam=3, max_len_a=0.0, max_len_b=6, min_len=6)
     with torch.inference_mode():
@@ -133,3 +134,19 @@ def test_quantized_model_is_inference_only() -> None:
         prepared.step_projection(x)
     with pytest.raises(ValueError, match="unknown kernel"):
         Q.Int8Linear(torch.randn(3, 4), kernel="avx9")
+
+
+def test_quantized_model_with_d_k_different_from_d_v_stays_close() -> None:
+    """The fused int8 QKV layer has h*d_k + h*d_k + h*d_v output rows; the quantized copy
+    stays as close to the float model as for d_k = d_v."""
+    model = _model(d_k=4, d_v=16)
+    src, tgt = torch.randint(4, 40, (3, 9)), torch.randint(4, 40, (3, 7))
+    with torch.inference_mode():
+        ref = torch.log_softmax(model(src, tgt), -1)
+        prepared = prepare_for_inference(model, dtype=torch.int8)
+        memory, mask = prepared.model.encode(src)
+        states = prepared.model.decode(tgt, memory, mask, project=False)[0]
+        out = torch.log_softmax(prepared.step_projection(states), -1)
+    fused = prepared.model.encoder_layers[0].self_attn.qkv
+    assert isinstance(fused, Q.Int8Linear) and fused.out_features == 4 * (4 + 4 + 16)
+    assert (out - ref).abs().max() < 0.1

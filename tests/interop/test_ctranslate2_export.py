@@ -60,3 +60,24 @@ def test_cli_export_int8(tmp_path: Path, trained, helpers) -> None:
 def test_bad_quantization_is_an_error(tmp_path: Path, trained) -> None:
     with pytest.raises(InteropError, match="quantization 'int3'"):
         export_ctranslate2(trained.checkpoint, tmp_path / "x", quantization="int3")
+
+
+def test_d_k_other_than_d_model_over_heads_is_refused(tmp_path: Path) -> None:
+    """CTranslate2 (like HF Marian, which the export goes through) has d_k = d_v = d_model /
+    n_heads: a Table 3 row (B) model is refused, naming the field, and nothing is written."""
+    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.config import Config, model_preset
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["the cat sees a dog", "a small bird runs"] * 20,
+                          ["der katze sieht ein hund", "ein klein vogel rennt"] * 20, tmp_path / "tok", vocab_size=40)
+    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    d_k=8, d_v=16))
+    ckpt = save_checkpoint(tmp_path / "ckpt", build_model(cfg.model), cfg, tokenizer=tok)
+    with pytest.raises(InteropError) as err:
+        export_ctranslate2(ckpt, tmp_path / "ct2")
+    assert "cannot be exported to CTranslate2" in str(err.value)
+    assert "model.d_k=8" in str(err.value)
+    assert "model.d_v" not in str(err.value)  # d_v = 16 = d_model / n_heads is fine
+    assert not (tmp_path / "ct2").exists()

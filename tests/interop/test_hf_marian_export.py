@@ -168,6 +168,8 @@ def _save_variant(tmp_path: Path, **overrides) -> Path:
     (dict(norm="pre"), ["model.norm='pre'", "post-norm"]),
     (dict(positions="learned"), ["model.positions='learned'", "sinusoidal"]),
     (dict(d_head=8), ["model.d_head=8", "d_model / n_heads"]),
+    (dict(d_k=8), ["model.d_k=8", "d_k = d_model / n_heads = 16"]),  # Table 3 row (B)
+    (dict(d_k=16, d_v=32), ["model.d_v=32", "d_v = d_model / n_heads = 16"]),
     (dict(layer_norm_eps=1e-6), ["layer_norm_eps"]),
 ])
 def test_unsupported_architecture_is_refused_with_reason(tmp_path: Path, overrides: dict, words: list[str]) -> None:

@@ -56,3 +56,24 @@ def test_bf16_cpu_uses_explicit_path_with_same_result() -> None:
     causal_ref, _ = scaled_dot_product_attention(q, q, q, is_causal=True)
     causal, _ = scaled_dot_product_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), is_causal=True)
     assert torch.allclose(causal.float(), causal_ref, atol=3e-2)
+
+
+def test_d_k_different_from_d_v() -> None:
+    """Table 3 row (B): W_Q, W_K project to h*d_k, W_V to h*d_v, W_O from h*d_v; the fused
+    kernel and the explicit formula agree, and scores are scaled by sqrt(d_k)."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, d_k=2, d_v=6)
+    assert (mha.w_q.weight.shape, mha.w_k.weight.shape) == ((8, 16), (8, 16))
+    assert (mha.w_v.weight.shape, mha.w_o.weight.shape) == ((24, 16), (16, 24))
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    q, k, v = mha.project_qkv(x)
+    assert (q.shape, k.shape, v.shape) == ((2, 4, 3, 2), (2, 4, 3, 2), (2, 4, 3, 6))
+    fused, _ = mha(x, memory, mask=mask)
+    explicit, w = mha(x, memory, mask=mask, need_weights=True)
+    assert fused.shape == (2, 3, 16) and torch.allclose(fused, explicit, atol=1e-6)
+    k, v = mha.project_kv(memory)
+    scores = (mha.split_heads(mha.w_q(x)) @ k.transpose(-1, -2) / math.sqrt(2)).masked_fill(~mask, float("-inf"))
+    heads = scores.softmax(-1) @ v  # (B, H, T, d_v)
+    assert torch.allclose(w, scores.softmax(-1), atol=1e-6)
+    assert torch.allclose(explicit, mha.w_o(heads.transpose(1, 2).reshape(2, 3, 24)), atol=1e-6)

@@ -35,6 +35,7 @@ VARIANTS = [
     {"sinusoid_layout": "concat", "activation": "gelu"},
     {"share_embeddings": "none", "src_vocab_size": 50, "activation": "swish", "output_bias": True},
     {"share_embeddings": "decoder", "d_head": 8, "n_heads": 2},
+    {"d_k": 8, "d_v": 24},  # Table 3 row (B): d_k != d_v
 ]
 
 
@@ -140,9 +141,11 @@ def test_base_parameter_count_exact() -> None:
     assert _count(model_preset("base", src_vocab_size=37000, tgt_vocab_size=37000)) == 63_082_496
 
 
-def _closed_form(n: int, d: int, ff: int, v: int, inner: int | None = None) -> int:
-    inner = inner or d
-    attn = 4 * d * inner + 3 * inner + d  # W_Q, W_K, W_V (d x inner), W_O (inner x d), biases
+def _closed_form(n: int, d: int, ff: int, v: int, inner: int | None = None, inner_v: int | None = None) -> int:
+    inner = inner or d  # h * d_k
+    inner_v = inner_v or inner  # h * d_v
+    # W_Q, W_K (d x h d_k), W_V (d x h d_v), W_O (h d_v x d), biases
+    attn = 2 * (d * inner + inner) + (d * inner_v + inner_v) + (inner_v * d + d)
     ffn = 2 * d * ff + ff + d
     enc = n * (attn + ffn + 2 * 2 * d)
     dec = n * (2 * attn + ffn + 3 * 2 * d)
@@ -155,6 +158,8 @@ def test_closed_form_counts(preset: str, v: int) -> None:
     assert _count(cfg) == _closed_form(6, cfg.d_model, cfg.d_ff, v)
     assert _count(model_preset(preset, src_vocab_size=v, tgt_vocab_size=v, d_head=32)) == _closed_form(
         6, cfg.d_model, cfg.d_ff, v, inner=cfg.n_heads * 32)
+    assert _count(model_preset(preset, src_vocab_size=v, tgt_vocab_size=v, d_k=16, d_v=64)) == _closed_form(
+        6, cfg.d_model, cfg.d_ff, v, inner=cfg.n_heads * 16, inner_v=cfg.n_heads * 64)
 
 
 def test_big_count_value() -> None:

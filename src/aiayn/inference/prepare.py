@@ -67,7 +67,8 @@ class TransposedProjection(nn.Module):
 
 class FusedQKVAttention(MultiHeadAttention):
     """A self-attention whose queries, keys and values come from one matmul: ``qkv``, with
-    W_Q, W_K, W_V side by side (a :class:`FixedLinear` or an ``Int8Linear``).
+    W_Q, W_K, W_V side by side (a :class:`FixedLinear` or an ``Int8Linear``): its output is
+    h*d_k query, h*d_k key and h*d_v value columns (d_k and d_v may differ, Table 3 row (B)).
 
     It takes over ``attn``'s heads and projections rather than calling
     ``MultiHeadAttention.__init__``, which would draw fresh random weights (and advance
@@ -76,13 +77,14 @@ class FusedQKVAttention(MultiHeadAttention):
 
     def __init__(self, attn: MultiHeadAttention, qkv: nn.Module) -> None:
         nn.Module.__init__(self)
-        self.n_heads, self.d_head, self.dropout = attn.n_heads, attn.d_head, attn.dropout
+        self.n_heads, self.d_k, self.d_v, self.dropout = attn.n_heads, attn.d_k, attn.d_v, attn.dropout
         self.w_q, self.w_k, self.w_v, self.w_o = attn.w_q, attn.w_k, attn.w_v, attn.w_o
         self.qkv = qkv
         self.training = attn.training
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        qk, v_cols = self.n_heads * self.d_k, self.n_heads * self.d_v
+        q, k, v = self.qkv(x).split([qk, qk, v_cols], dim=-1)  # (B, T, H*d_k) x 2, (B, T, H*d_v)
         return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
 

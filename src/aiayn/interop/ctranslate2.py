@@ -143,7 +143,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     check_empty_dir(out_dir, force, InteropError, inputs=[checkpoint])
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise InteropError(f"quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
-    model, cfg, tokenizer = load_for_export(checkpoint)
+    model, cfg, tokenizer = load_for_export(checkpoint, target="CTranslate2 (converted through HF MarianMT)")
     with tempfile.TemporaryDirectory(prefix="aiayn-hf-") as tmp:
         save_hf_dir(model, cfg, tokenizer, Path(tmp), warn_generation=False)
         convert_hf_dir(tmp, out_dir, quantization, force, config=cfg)

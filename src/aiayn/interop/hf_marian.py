@@ -107,19 +107,33 @@ def unsupported_reasons(cfg: ModelConfig) -> list[str]:
     if cfg.positions != "sinusoidal":
         reasons.append(f"model.positions={cfg.positions!r}: HF Marian has fixed sinusoidal "
                        "positions only")
-    if cfg.head_dim * cfg.n_heads != cfg.d_model:
-        reasons.append(f"model.d_head={cfg.d_head}: HF Marian needs d_k = d_model / n_heads "
-                       f"= {cfg.d_model / cfg.n_heads:g}")
+    reasons += _head_size_reasons(cfg)
     if not math.isclose(cfg.layer_norm_eps, HF_LAYER_NORM_EPS, rel_tol=1e-9):
         reasons.append(f"model.layer_norm_eps={cfg.layer_norm_eps:g}: HF Marian's LayerNorms use "
                        f"{HF_LAYER_NORM_EPS:g}")
     return reasons
 
 
-def check_exportable(cfg: ModelConfig) -> None:
+def _head_size_reasons(cfg: ModelConfig) -> list[str]:
+    """HF Marian (and CTranslate2, which converts from it) derives d_k = d_v = d_model / n_heads;
+    a model with other head sizes (Table 3 row B's d_k 16 or 32 at d_v 64) has no counterpart."""
+    want = f"d_model / n_heads = {cfg.d_model / cfg.n_heads:g}"
+    if cfg.d_k is None and cfg.d_v is None:
+        if cfg.head_dim * cfg.n_heads == cfg.d_model:
+            return []
+        return [f"model.d_head={cfg.d_head}: HF Marian needs d_k = d_v = {want}"]
+    reasons = []
+    for name, dim in (("d_k", cfg.key_dim), ("d_v", cfg.value_dim)):
+        if dim * cfg.n_heads != cfg.d_model:
+            field = name if getattr(cfg, name) is not None else "d_head"
+            reasons.append(f"model.{field}={getattr(cfg, field)}: HF Marian needs {name} = {want}")
+    return reasons
+
+
+def check_exportable(cfg: ModelConfig, target: str = "HF MarianMT") -> None:
     reasons = unsupported_reasons(cfg)
     if reasons:
-        raise InteropError("this model cannot be exported to HF MarianMT: " + "; ".join(reasons))
+        raise InteropError(f"this model cannot be exported to {target}: " + "; ".join(reasons))
 
 
 def model_dim_permutation(d_model: int, layout: str) -> Tensor | None:
@@ -339,10 +353,11 @@ def _check_positions(hf_model: Any, cfg: ModelConfig) -> None:
                            "aiayn's concat sinusoids; the export would not be exact")
 
 
-def load_for_export(checkpoint: str | os.PathLike) -> tuple[Transformer, Config, Tokenizer]:
+def load_for_export(checkpoint: str | os.PathLike,
+                    target: str = "HF MarianMT") -> tuple[Transformer, Config, Tokenizer]:
 
     # Check the architecture before loading weights: the error should be about the model.
-    check_exportable(load_checkpoint_config(resolve_checkpoint(checkpoint)).model)
+    check_exportable(load_checkpoint_config(resolve_checkpoint(checkpoint)).model, target)
     ckpt = load_checkpoint(checkpoint)
     if ckpt.tokenizer is None:
         raise InteropError(f"{ckpt.path}: the checkpoint has no tokenizer/ directory; the export "

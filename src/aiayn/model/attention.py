@@ -17,10 +17,10 @@ def scaled_dot_product_attention(
 ) -> tuple[Tensor, Tensor | None]:
     """softmax(Q K^T / sqrt(d_k)) V.
 
-    q: (B, H, T, d_k); k, v: (B, H, S, d_k); mask: bool, broadcastable to (B, H, T, S),
+    q: (B, H, T, d_k); k: (B, H, S, d_k); v: (B, H, S, d_v); mask: bool, broadcastable to (B, H, T, S),
     True where a query may attend. Without ``need_weights`` this is PyTorch's fused
     kernel (flash / memory-efficient on GPUs); with it, the explicit formula, returning
-    the probabilities (B, H, T, S) as well (0 on masked keys, rows summing to 1).
+    the output (B, H, T, d_v) and the probabilities (B, H, T, S) as well (0 on masked keys, rows summing to 1).
 
     On a CPU in bf16/fp16 the explicit formula also serves when no weights are wanted:
     PyTorch's CPU flash kernel is several times slower there for translation-length
@@ -52,33 +52,36 @@ def _explicit_is_faster(q: Tensor) -> bool:
 
 
 class MultiHeadAttention(nn.Module):
-    """h heads of d_k = d_v, with projections W_Q, W_K, W_V and the output W_O."""
+    """h heads with projections W_Q, W_K (d_model -> h*d_k), W_V (d_model -> h*d_v) and the
+    output W_O (h*d_v -> d_model), section 3.2.2. The paper's models use d_k = d_v = d_model/h;
+    Table 3 row (B) shrinks d_k alone, so ``d_v`` (None: d_k) can differ."""
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_v: int | None = None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.d_head = d_head
-        inner = n_heads * d_head
-        self.w_q = nn.Linear(d_model, inner)
-        self.w_k = nn.Linear(d_model, inner)
-        self.w_v = nn.Linear(d_model, inner)
-        self.w_o = nn.Linear(inner, d_model)
+        self.d_k = d_k
+        self.d_v = d_k if d_v is None else d_v
+        self.w_q = nn.Linear(d_model, n_heads * self.d_k)
+        self.w_k = nn.Linear(d_model, n_heads * self.d_k)
+        self.w_v = nn.Linear(d_model, n_heads * self.d_v)
+        self.w_o = nn.Linear(n_heads * self.d_v, d_model)
         self.dropout = dropout
         for lin in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(lin.weight)
             nn.init.zeros_(lin.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
-        # (B, T, H*d_k) -> (B, H, T, d_k)
+        # (B, T, H*d) -> (B, H, T, d), d = d_k or d_v
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)
+        return x.view(b, t, self.n_heads, -1).transpose(1, 2)
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of x: (B, S, D) -> 2 x (B, H, S, d_k). Cached by the decoder."""
+        """Keys and values of x: (B, S, D) -> (B, H, S, d_k), (B, H, S, d_v). Cached by the decoder."""
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Queries, keys and values of x (B, T, D) -> 3 x (B, H, T, d_k)."""
+        """Queries, keys and values of x (B, T, D) -> 2 x (B, H, T, d_k), (B, H, T, d_v)."""
         return self.split_heads(self.w_q(x)), *self.project_kv(x)
 
     def attend(
@@ -96,7 +99,7 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         out, weights = scaled_dot_product_attention(q, k, v, mask, is_causal, p, need_weights)
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T, H*d_k)
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H*d_v)
         return self.w_o(out), weights
 
     def forward(

@@ -17,7 +17,8 @@ class _LayerArgs(TypedDict):
 
     d_model: int
     n_heads: int
-    d_head: int
+    d_k: int
+    d_v: int
     d_ff: int
     dropout: float
     attention_dropout: float
@@ -39,7 +40,7 @@ def build_model(cfg: ModelConfig) -> Transformer:
                                   cfg.dropout)
 
     layer_args = _LayerArgs(
-        d_model=d, n_heads=cfg.n_heads, d_head=cfg.head_dim, d_ff=cfg.d_ff,
+        d_model=d, n_heads=cfg.n_heads, d_k=cfg.key_dim, d_v=cfg.value_dim, d_ff=cfg.d_ff,
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout,
         activation_dropout=cfg.activation_dropout, activation=cfg.activation,
         norm=cfg.norm, eps=cfg.layer_norm_eps,

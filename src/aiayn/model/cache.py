@@ -29,9 +29,9 @@ from torch import Tensor
 @dataclass
 class LayerCache:
     self_k: Tensor  # (R, H, max_len, d_k)
-    self_v: Tensor  # (R, H, max_len, d_k)
+    self_v: Tensor  # (R, H, max_len, d_v)
     cross_k: Tensor  # (N, H, S, d_k): one per source group (N = R / group_size)
-    cross_v: Tensor  # (N, H, S, d_k)
+    cross_v: Tensor  # (N, H, S, d_v)
     spare_k: Tensor | None = None  # the other half of the double buffer (>= R rows)
     spare_v: Tensor | None = None
 
@@ -65,12 +65,11 @@ class KVCache:
     def allocate(cls, cross_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
                  max_len: int) -> KVCache:
         layers = []
-        for k, v in cross_kv:
-            b, h, _, d = k.shape
-            shape = (b, h, max_len, d)
+        for k, v in cross_kv:  # (B, H, S, d_k), (B, H, S, d_v)
+            b, h = k.shape[:2]
             layers.append(LayerCache(
-                self_k=torch.zeros(shape, dtype=k.dtype, device=k.device),
-                self_v=torch.zeros(shape, dtype=v.dtype, device=v.device),
+                self_k=torch.zeros((b, h, max_len, k.size(-1)), dtype=k.dtype, device=k.device),
+                self_v=torch.zeros((b, h, max_len, v.size(-1)), dtype=v.dtype, device=v.device),
                 cross_k=k, cross_v=v,
             ))
         return cls(layers, src_mask, max_len)
@@ -81,7 +80,8 @@ class KVCache:
         return self.layers[0].self_k.size(0) if self.layers else self.src_mask.size(0) * self.group_size
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store one step's keys/values (R, H, 1, d_k); return all filled (R, H, t+1, d_k)."""
+        """Store one step's keys (R, H, 1, d_k) and values (R, H, 1, d_v); return all filled
+        ones, (R, H, t+1, d_k) and (R, H, t+1, d_v)."""
         if self.length >= self.max_len:
             raise RuntimeError(f"KV cache full: max_len={self.max_len} steps")
         c = self.layers[layer]

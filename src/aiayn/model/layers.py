@@ -59,12 +59,12 @@ class _Sublayers(nn.Module):
 class EncoderLayer(_Sublayers):
     """Self-attention, then the feed-forward network."""
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, d_ff: int,
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_ff: int,
                  dropout: float = 0.1, attention_dropout: float = 0.0,
                  activation_dropout: float = 0.0, activation: str = "relu",
-                 norm: str = "post", eps: float = 1e-5) -> None:
+                 norm: str = "post", eps: float = 1e-5, d_v: int | None = None) -> None:
         super().__init__(norm, dropout)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, d_head, attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
         self.self_attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.ffn = PositionwiseFeedForward(d_model, d_ff, activation, activation_dropout)
         self.ffn_norm = nn.LayerNorm(d_model, eps=eps)
@@ -78,14 +78,14 @@ class EncoderLayer(_Sublayers):
 class DecoderLayer(_Sublayers):
     """Masked self-attention, attention over the encoder output, feed-forward."""
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, d_ff: int,
+    def __init__(self, d_model: int, n_heads: int, d_k: int, d_ff: int,
                  dropout: float = 0.1, attention_dropout: float = 0.0,
                  activation_dropout: float = 0.0, activation: str = "relu",
-                 norm: str = "post", eps: float = 1e-5) -> None:
+                 norm: str = "post", eps: float = 1e-5, d_v: int | None = None) -> None:
         super().__init__(norm, dropout)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, d_head, attention_dropout)
+        self.self_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
         self.self_attn_norm = nn.LayerNorm(d_model, eps=eps)
-        self.cross_attn = MultiHeadAttention(d_model, n_heads, d_head, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
         self.cross_attn_norm = nn.LayerNorm(d_model, eps=eps)
         self.ffn = PositionwiseFeedForward(d_model, d_ff, activation, activation_dropout)
         self.ffn_norm = nn.LayerNorm(d_model, eps=eps)
@@ -112,8 +112,8 @@ class DecoderLayer(_Sublayers):
         """One new position. y: (R, 1, D) -> (R, 1, D), cross weights (R, H, 1, S)."""
 
         def self_attn(h: Tensor) -> Tensor:
-            q, k, v = self.self_attn.project_qkv(h)  # 3 x (R, H, 1, d_k)
-            k, v = cache.append(index, k, v)  # (R, H, t+1, d_k)
+            q, k, v = self.self_attn.project_qkv(h)  # (R, H, 1, d_k) x 2, (R, H, 1, d_v)
+            k, v = cache.append(index, k, v)  # (R, H, t+1, d_k), (R, H, t+1, d_v)
             return self.self_attn.attend_heads(q, k, v)[0]
 
         y = self.residual(y, self.self_attn_norm, self_attn)
