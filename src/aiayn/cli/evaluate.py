@@ -22,8 +22,11 @@ examples
 
 The BLEU and chrF figures are sacreBLEU's (detokenized, cased, 13a), identical to
 `sacrebleu REF -i HYP -m bleu chrf` on the same files, printed with their signatures.
---tokenized-bleu adds the paper-style figure (intl tokenization, case kept, compound
-splitting for German): it is NOT comparable to sacreBLEU (typically 0.6-0.8 higher).
+--tokenized-bleu adds the paper's figure, computed as tensor2tensor's get_ende_bleu.sh
+does: Moses tokenizer for the target language (sacremoses, XML escaping on), compound
+splitting a-b -> a ##AT##-##AT## b for German, then multi-bleu.perl's corpus BLEU (cased,
+no smoothing; multi-bleu.perl prints it with --width 2). It needs the target language
+(--tgt, or the checkpoint's) and is NOT comparable to sacreBLEU (typically 0.6-0.8 higher).
 --json prints {"bleu", "chrf", "signature" (BLEU's), "bleu_signature", "chrf_signature", ...}.
 """
 
@@ -43,11 +46,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--input", help="with --checkpoint: source file to translate (references from --ref)")
     p.add_argument("--src", help="source language (default: the checkpoint's data.src_lang)")
     p.add_argument("--tgt", help="target language (default: the checkpoint's data.tgt_lang); "
-                   "'de' turns on compound splitting for --tokenized-bleu")
+                   "--tokenized-bleu tokenizes for it and splits compounds for 'de'")
     p.add_argument("--data-dir", help="mirror folder with the dataset files (or $AIAYN_DATA_MIRROR)")
     p.add_argument("--output", help="with --checkpoint: also write the translations here")
     p.add_argument("--tokenized-bleu", action="store_true",
-                   help="also print the paper-style tokenized BLEU (NOT comparable to sacreBLEU)")
+                   help="also print the paper's tokenized BLEU (get_ende_bleu.sh: Moses tokenizer, "
+                   "compound splitting for de, multi-bleu.perl; NOT comparable to sacreBLEU)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--width", type=int, default=1, help="decimals of the printed scores (default 1, as sacrebleu)")
     options.add_on_invalid_utf8(p)
@@ -71,6 +75,9 @@ def _check_args(args: argparse.Namespace) -> None:
             raise AiaynError("--input needs at least one --ref FILE")
         if args.dataset and args.ref:
             raise AiaynError("--dataset brings its own references; drop --ref")
+    if args.hyp and args.tokenized_bleu and not args.tgt:
+        raise AiaynError("--tokenized-bleu needs --tgt LANG (the Moses tokenizer's rules, and compound "
+                         "splitting for 'de', depend on the target language)")
     if args.width < 0:
         raise AiaynError("--width: must not be negative")
     if args.output:  # checked before the translation, so a bad path costs nothing
@@ -127,7 +134,7 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.evaluation.bleu import TOKENIZED_BLEU_NOTE, corpus_scores, read_lines
+    from aiayn.evaluation.bleu import corpus_scores, read_lines
 
     _check_args(args)
     if args.hyp:
@@ -157,6 +164,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"chrF2 = {scores['chrf']:.{w}f}")
     print(f"  sacreBLEU signature: {scores['chrf_signature']}")
     if args.tokenized_bleu:
-        print(f"tokenized BLEU = {scores['tokenized_bleu']:.{w}f}  [{TOKENIZED_BLEU_NOTE}]")
+        print(f"tokenized BLEU = {scores['tokenized_bleu']:.{w}f}  [{scores['tokenized_bleu_note']}]")
         print(f"  signature: {scores['tokenized_bleu_signature']}")
     return 0

@@ -1,12 +1,23 @@
-"""Corpus BLEU and chrF with sacreBLEU, plus the paper-style tokenized BLEU.
+r"""Corpus BLEU and chrF with sacreBLEU, plus the paper's tokenized BLEU.
 
 The numbers to report are sacreBLEU's (detokenized, cased, ``13a`` tokenization), given
 with their signature so that others can reproduce them. The paper's figures (27.3 / 28.4
-EN-DE) are *tokenized* BLEU with German compound splitting (tensor2tensor's
-``get_ende_bleu.sh``), usually 0.6-0.8 higher than sacreBLEU on the same output; for
-comparison with the paper :func:`tokenized_bleu` computes a figure in that style:
-sacreBLEU's ``intl`` tokenization, case kept, then ``a-b`` -> ``a ##AT##-##AT## b`` for
-German. It is labelled as such everywhere and is **not comparable to sacreBLEU**.
+EN-DE) are *tokenized* BLEU, computed by tensor2tensor's ``get_ende_bleu.sh``:
+
+1. Moses ``tokenizer.perl -l de`` on hypotheses and references (default XML escaping:
+   ``&`` -> ``&amp;``, ``"`` -> ``&quot;``, ``'`` -> ``&apos;``, ...), here
+   ``sacremoses.MosesTokenizer(lang)`` (which matches the tokenizer.perl of 2017, the
+   paper's; since November 2018 tokenizer.perl also splits a sentence-final ``5.``);
+2. compound splitting, ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'``, reproduced
+   byte for byte (:func:`compound_split`);
+3. ``multi-bleu.perl``: corpus BLEU over whitespace tokens, cased, no smoothing (0 when an
+   n-gram precision is 0), closest reference length (the shorter on a tie); here sacreBLEU
+   with ``tokenize="none"``, ``smooth_method="none"``, which computes the same statistics.
+
+:func:`tokenized_bleu` does exactly that, with the tokenizer's language taken from the
+target language; compound splitting is part of the EN-DE script and applies to German
+only. It is labelled as such everywhere and is **not comparable to sacreBLEU** (usually
+0.6-0.8 higher on the same output).
 
 Lines are compared as sacreBLEU's command line reads them (trailing whitespace removed),
 so ``aiayn evaluate`` and ``sacrebleu`` print the same numbers for the same files. A
@@ -26,18 +37,50 @@ from aiayn.fileio import iter_text_lines
 
 log = logging.getLogger(__name__)
 
-TOKENIZED_BLEU_NOTE = ("paper-style tokenized BLEU (intl tokenization, case kept, compound splitting "
-                       "for German); NOT comparable to sacreBLEU")
+NOT_COMPARABLE = "NOT comparable to sacreBLEU"
 
-# tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'
-_COMPOUND = re.compile(r"(\S)-(\S)")
+# tensor2tensor's get_ende_bleu.sh: perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'. Perl
+# reads the file as bytes there, so \S is any byte but ASCII whitespace ([ \t\n\v\f\r],
+# as in a Python bytes pattern) and matches one byte of a multi-byte character. Matches do
+# not overlap: ``a-b-c`` -> ``a ##AT##-##AT## b-c``, but ``a-ü-b`` (ü is two bytes) has its
+# second hyphen split as well. Working on the UTF-8 bytes gives the same output.
+_COMPOUND = re.compile(rb"(\S)-(\S)")
 
 
 def compound_split(line: str) -> str:
-    """``Haus-Tür`` -> ``Haus ##AT##-##AT## Tür``, exactly as tensor2tensor's evaluation
-    script does (one non-overlapping pass, like perl's ``s///g``: ``a-b-c`` becomes
-    ``a ##AT##-##AT## b-c``)."""
-    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", line)
+    r"""``Haus-Tür`` -> ``Haus ##AT##-##AT## Tür``, byte for byte what tensor2tensor's
+    ``perl -ple 's{(\S)-(\S)}{$1 ##AT##-##AT## $2}g'`` prints for this line."""
+    # The split points are next to an ASCII "-", so always between characters.
+    return _COMPOUND.sub(rb"\1 ##AT##-##AT## \2", line.encode("utf-8")).decode("utf-8")
+
+
+def _moses_lang(tgt_lang: str | None) -> str:
+    lang = re.split(r"[-_]", (tgt_lang or "").strip().lower())[0]
+    if not lang:
+        raise DataError("tokenized BLEU needs the target language (it picks the Moses tokenizer's "
+                        "rules and turns on compound splitting for German)")
+    return lang
+
+
+def tokenized_bleu_name(tgt_lang: str | None) -> str:
+    """What :func:`tokenized_bleu` computes, in words, e.g. ``tokenized BLEU (tensor2tensor
+    get_ende_bleu.sh: Moses tokenizer de, compound splitting, multi-bleu.perl)``."""
+    lang = _moses_lang(tgt_lang)
+    if lang == "de":
+        return ("tokenized BLEU (tensor2tensor get_ende_bleu.sh: Moses tokenizer de, compound splitting, "
+                "multi-bleu.perl)")
+    return f"tokenized BLEU (Moses tokenizer {lang}, multi-bleu.perl)"
+
+
+def paper_tokenize(lines: Sequence[str], tgt_lang: str | None) -> list[str]:
+    """``lines`` as ``get_ende_bleu.sh`` hands them to ``multi-bleu.perl``: Moses-tokenized
+    (``tokenizer.perl -l LANG``, escaping on), compound-split for German."""
+    from sacremoses import MosesTokenizer
+
+    lang = _moses_lang(tgt_lang)
+    tok = MosesTokenizer(lang=lang)
+    out = [tok.tokenize(line, return_str=True, escape=True) for line in lines]
+    return [compound_split(line) for line in out] if lang == "de" else out
 
 
 def _streams(hyps: Sequence[str], refs: Sequence[Sequence[str]] | Sequence[str]) -> list[list[str]]:
@@ -70,7 +113,9 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[Sequence[str]] | Sequence[
     Returns ``bleu`` and ``chrf`` (floats, full precision), ``signature`` (the BLEU
     signature, the one papers quote), ``bleu_signature``, ``chrf_signature``, ``bleu_verbose``
     (n-gram precisions, brevity penalty, lengths) and ``n_sentences``; with ``tokenized``
-    also ``tokenized_bleu``, ``tokenized_bleu_signature`` and ``tokenized_bleu_note``.
+    also ``tokenized_bleu``, ``tokenized_bleu_signature``, ``tokenized_bleu_name`` (what it
+    is, :func:`tokenized_bleu_name`) and ``tokenized_bleu_note`` (the name and a warning);
+    ``tgt_lang`` is then required.
     """
     from sacrebleu.metrics import BLEU, CHRF
 
@@ -93,32 +138,33 @@ def corpus_scores(hyps: Sequence[str], refs: Sequence[Sequence[str]] | Sequence[
     }
     if tokenized:
         score, signature = tokenized_bleu(hyps, streams, tgt_lang)
-        out.update(tokenized_bleu=score, tokenized_bleu_signature=signature,
-                   tokenized_bleu_note=TOKENIZED_BLEU_NOTE)
+        name = tokenized_bleu_name(tgt_lang)
+        out.update(tokenized_bleu=score, tokenized_bleu_signature=signature, tokenized_bleu_name=name,
+                   tokenized_bleu_note=f"{name}; {NOT_COMPARABLE}")
     return out
 
 
 def tokenized_bleu(hyps: Sequence[str], refs: Sequence[Sequence[str]] | Sequence[str],
-                   tgt_lang: str | None = None) -> tuple[float, str]:
-    """The paper-style figure: intl-tokenized, cased, compound-split for German.
+                   tgt_lang: str | None) -> tuple[float, str]:
+    """The paper's figure: tensor2tensor's ``get_ende_bleu.sh`` (Moses tokenizer for
+    ``tgt_lang``, compound splitting for German, ``multi-bleu.perl``); see the module text.
 
-    Returns (score, signature); the signature says ``tok:intl+compound`` (or ``tok:intl``).
+    Returns (score, signature), the signature sacreBLEU's with ``tok:moses-de+atat`` (or
+    ``tok:moses-LANG``) and the sacremoses version, e.g.
+    ``nrefs:1|case:mixed|eff:no|tok:moses-de+atat|smooth:none|version:2.6.0|sacremoses:0.2.0``.
     """
+    from importlib.metadata import version
+
     from sacrebleu.metrics import BLEU
-    from sacrebleu.tokenizers.tokenizer_intl import TokenizerV14International
 
     hyps = list(hyps)
     streams = _streams(hyps, refs)
-    tok = TokenizerV14International()
-    german = (tgt_lang or "").lower() == "de"
-
-    def prep(line: str) -> str:
-        line = tok(line.rstrip())
-        return compound_split(line) if german else line
-
-    bleu = BLEU(tokenize="none", force=True)
-    score = bleu.corpus_score([prep(h) for h in hyps], [[prep(r) for r in s] for s in streams])
-    signature = str(bleu.get_signature()).replace("tok:none", "tok:intl+compound" if german else "tok:intl")
+    lang = _moses_lang(tgt_lang)
+    # multi-bleu.perl: whitespace tokens, cased, no smoothing, closest (then shorter) ref length.
+    bleu = BLEU(tokenize="none", smooth_method="none", force=True)
+    score = bleu.corpus_score(paper_tokenize(hyps, lang), [paper_tokenize(s, lang) for s in streams])
+    tok = f"tok:moses-{lang}+atat" if lang == "de" else f"tok:moses-{lang}"
+    signature = f"{str(bleu.get_signature()).replace('tok:none', tok)}|sacremoses:{version('sacremoses')}"
     return float(score.score), signature
 
 
