@@ -36,6 +36,10 @@ class ModelConfig:
     # Head dimension d_k = d_v. None means d_model / n_heads (the paper); Table 3 (A)/(B)
     # vary it independently, so it can be set explicitly.
     d_head: int | None = None
+    # d_k (queries, keys) and d_v (values) on their own: Table 3 row (B) shrinks d_k only
+    # (its 58M/60M parameters add up with d_v = 64). None: d_head, else d_model / n_heads.
+    d_k: int | None = None
+    d_v: int | None = None
     d_ff: int = 2048
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
@@ -65,6 +69,20 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """d_k, the query/key size per head (the paper's d_k = d_v; see :attr:`value_dim`)."""
+        return self.key_dim
+
+    @property
+    def key_dim(self) -> int:
+        """d_k: W_Q and W_K project d_model to n_heads * d_k."""
+        return self.d_k if self.d_k is not None else self._shared_head_dim()
+
+    @property
+    def value_dim(self) -> int:
+        """d_v: W_V projects d_model to n_heads * d_v, W_O back from n_heads * d_v."""
+        return self.d_v if self.d_v is not None else self._shared_head_dim()
+
+    def _shared_head_dim(self) -> int:
         return self.d_head if self.d_head is not None else self.d_model // self.n_heads
 
     def validate(self, prefix: str = "model") -> None:
@@ -102,13 +120,19 @@ class ModelConfig:
         for name in ("n_encoder_layers", "n_decoder_layers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
-        if self.d_head is None and self.d_model % self.n_heads != 0:
+        self._validate_heads(prefix)
+
+    def _validate_heads(self, prefix: str) -> None:
+        for name in ("d_head", "d_k", "d_v"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"{prefix}.{name}: must be a positive integer or null, got {value!r}")
+        defaulted = self.d_head is None and (self.d_k is None or self.d_v is None)
+        if defaulted and self.d_model % self.n_heads != 0:
             raise ConfigError(
                 f"{prefix}.n_heads: d_model={self.d_model} is not divisible by "
                 f"n_heads={self.n_heads} (set {prefix}.d_head to choose d_k explicitly)"
             )
-        if self.d_head is not None and self.d_head <= 0:
-            raise ConfigError(f"{prefix}.d_head: must be positive, got {self.d_head}")
 
 
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
@@ -234,6 +258,9 @@ class TrainConfig:
     # max_tokens x GPUs x update_freq is the effective batch (~25k in the paper).
     max_tokens: int = 4096
     update_freq: int = 1
+    # What max_tokens bounds: padded (batch size x longest sequence on either side) or real
+    # (non-pad source tokens and non-pad target tokens, each side at most max_tokens).
+    max_tokens_mode: str = "padded"
     # Stopping: whichever comes first; 0 means no limit.
     max_steps: int = 100_000
     max_epochs: int = 0
@@ -280,6 +307,7 @@ class TrainConfig:
         _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant"))
         _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
         _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
+        _choice(prefix, "max_tokens_mode", self.max_tokens_mode, ("padded", "real"))
         for name in ("max_tokens", "update_freq"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")

@@ -199,3 +199,29 @@ def test_a_malformed_optimizer_json_is_one_clear_error(tmp_path, make_cfg, text)
     _reseal(tmp_path / "c")
     with pytest.raises(CheckpointError, match="optimizer.json: malformed optimizer state"):
         ck.load_optimizer_state(tmp_path / "c")
+
+
+def test_manager_best_only_checkpoints_stay_outside_the_periodic_window(tmp_path, make_cfg):
+    cfg = make_cfg()
+    model, _ = _trained(cfg)
+    mgr = ck.CheckpointManager(tmp_path, keep_last=2)
+    d = tmp_path / "checkpoints"
+    mgr.save(1, model, cfg, state={"step": 1})
+    mgr.save(2, model, cfg, state={"step": 2}, is_best=True, periodic=False)
+    assert mgr.best() == mgr.last() == d / "best_step_000002"
+    for step in (3, 4, 5):
+        mgr.save(step, model, cfg, state={"step": step})
+    # keep_last 2 keeps two periodic checkpoints; the best-only one is kept beside them
+    # and counted by neither the window nor `average --last`.
+    assert sorted(p.name for p in d.iterdir()) == ["best", "best_step_000002", "last", "step_000004", "step_000005"]
+    assert [p.name for p in ck.list_checkpoints(d)] == ["step_000004", "step_000005"]
+    assert ck.saved_step(d / "best_step_000002") == 2 and ck.checkpoint_step(d / "best_step_000002") is None
+    # A newer best-only checkpoint replaces the old one.
+    mgr.save(6, model, cfg, state={"step": 6}, is_best=True, periodic=False)
+    assert sorted(p.name for p in d.iterdir()) == ["best", "best_step_000006", "last", "step_000004", "step_000005"]
+    # A periodic save of that same step takes over the `best` pointer; the copy goes.
+    mgr.save(6, model, cfg, state={"step": 6})
+    assert mgr.best() == mgr.last() == d / "step_000006"
+    assert sorted(p.name for p in d.iterdir()) == ["best", "last", "step_000005", "step_000006"]
+    with pytest.raises(ValueError, match="must be the best"):
+        mgr.save(7, model, cfg, periodic=False)

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from aiayn.data.batching import Batch, BatchIterator, collate, padded_cost
+from aiayn.data.batching import Batch, BatchIterator, collate, padded_cost, real_cost
 from aiayn.errors import DataError
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -175,3 +175,88 @@ def test_collate_layout() -> None:
     assert b.src_pad_mask.sum().item() == 2 and b.tgt_pad_mask.sum().item() == 2
     assert b.to("cpu").tgt_out.equal(b.tgt_out)
     assert all(t.dtype.is_floating_point is False for t in (b.src, b.tgt_in, b.tgt_out, b.ids))
+
+
+# ---------------------------------------------------------------- real-token bound
+
+
+class LengthsDataset:
+    """Pairs of given lengths (source with EOS, target without), made of token 5."""
+
+    def __init__(self, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> None:
+        self.src_sizes, self.tgt_sizes = np.asarray(src_sizes), np.asarray(tgt_sizes)
+
+    def __len__(self) -> int:
+        return len(self.src_sizes)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        src = np.full(int(self.src_sizes[i]), 5)
+        src[-1] = EOS_ID
+        return src, np.full(int(self.tgt_sizes[i]), 6)
+
+
+def wmt_like(n: int = 3000, seed: int = 0) -> LengthsDataset:
+    """Log-normal source lengths (mean ~28 pieces), target = source x a log-normal ratio."""
+    rng = np.random.default_rng(seed)
+    src = np.clip(np.rint(rng.lognormal(3.18, 0.55, n)), 1, 200).astype(np.int64)
+    tgt = np.clip(np.rint(src * np.exp(rng.normal(0.05, 0.25, n))), 1, 200).astype(np.int64)
+    return LengthsDataset(src + 1, tgt)
+
+
+def _real_sides(b: Batch) -> tuple[int, int]:
+    """Non-pad tokens of src and tgt_out, counted in the tensors."""
+    return int(b.src.ne(PAD_ID).sum()), int(b.tgt_out.ne(PAD_ID).sum())
+
+
+@pytest.mark.parametrize("max_tokens", [300, 1000, 3125])
+def test_real_bound_respected_and_batches_fuller(max_tokens: int) -> None:
+    data = wmt_like()
+    real = BatchIterator(data, max_tokens, seed=1, mode="real")
+    padded = BatchIterator(data, max_tokens, seed=1)
+    real_batches = list(real)
+    for b in real_batches:
+        src, tgt = _real_sides(b)
+        assert (src, tgt) == (b.n_src_tokens, b.n_tgt_tokens)
+        assert max(src, tgt) <= max_tokens or b.size == 1
+    padded_batches = list(padded)
+    for mode_batches in (real_batches, padded_batches):  # every sentence once
+        assert sorted(np.concatenate([b.ids.numpy() for b in mode_batches]).tolist()) == list(range(len(data)))
+
+    def fill(batches: list[Batch]) -> float:  # mean real tokens of the fuller side, over the bound
+        return float(np.mean([max(_real_sides(b)) for b in batches])) / max_tokens
+
+    assert len(real_batches) < len(padded_batches)
+    assert fill(real_batches) > fill(padded_batches)
+    assert fill(real_batches) > 0.9
+
+
+def test_default_mode_is_padded_and_unknown_modes_are_refused(data: ListDataset) -> None:
+    assert order(BatchIterator(data, 300, seed=5), 2) == order(BatchIterator(data, 300, seed=5, mode="padded"), 2)
+    assert BatchIterator(data, 300).mode == "padded"
+    with pytest.raises(DataError, match="batch mode"):
+        BatchIterator(data, 300, mode="tokens")
+
+
+def test_real_mode_mid_epoch_restore_continues_exactly(data: ListDataset) -> None:
+    full = BatchIterator(data, max_tokens=300, seed=5, mode="real")
+    expected = [b.ids.tolist() for b in full] + [b.ids.tolist() for b in full]
+    run = BatchIterator(data, max_tokens=300, seed=5, mode="real")
+    got = []
+    for b in run:
+        got.append(b.ids.tolist())
+        if len(got) == 4:
+            break
+    resumed = BatchIterator(data, max_tokens=300, seed=5, mode="real")
+    resumed.load_state_dict(json.loads(json.dumps(run.state_dict())))
+    got += [b.ids.tolist() for b in resumed] + [b.ids.tolist() for b in resumed]
+    assert got == expected
+
+
+def test_real_mode_shards_are_disjoint_and_bounded(data: ListDataset) -> None:
+    shards = [BatchIterator(data, 500, seed=2, num_shards=3, shard_id=k, mode="real") for k in range(3)]
+    assert len({len(s) for s in shards}) == 1
+    seen = np.concatenate([np.concatenate(s.epoch_batches(1)) for s in shards])
+    assert sorted(seen.tolist()) == list(range(len(data)))
+    for s in shards:
+        for b in s.epoch_batches(1):
+            assert real_cost(data.src_sizes[b], data.tgt_sizes[b]) <= 500

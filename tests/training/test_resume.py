@@ -160,7 +160,8 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path, prepared, reference):
     driver.write_text(DRIVER)
     _train(["--config", str(cfg), "--run-dir", str(run)], driver, ("save", 6), expect_kill=True)
     ckpts = run / "checkpoints"
-    assert (ckpts / "last").read_text().strip() == "step_000004"  # 3, then 4 (best valid)
+    # 3 (periodic), then 4 (a new best: saved outside the periodic series)
+    assert (ckpts / "last").read_text().strip() == "best_step_000004"
     assert any(p.name.startswith(".tmp-step_000006") for p in ckpts.iterdir())  # the torn write
     assert not (ckpts / "step_000006").exists()
     _train_here(["--config", str(cfg), "--run-dir", str(run)])

@@ -148,16 +148,21 @@ def test_stops_at_wall_time(make_cfg, make_task, tmp_path):
     assert ck.resolve_checkpoint(tmp_path).name == "step_000001"
 
 
-def test_wall_time_budget_is_not_overshot(make_cfg, make_task, tmp_path):
+def test_wall_time_budget_is_not_overshot(make_cfg, make_task, tmp_path, monkeypatch):
     """max_time is a budget, not a trigger: the run stops before an update that would end
-    past it (updates made 0.2 s long here; budget 0.9 s -> 4 updates, ending at ~0.8 s)."""
-    import time
+    past it. A fake clock makes every update take exactly 0.2 s: budget 0.9 s -> 4 updates,
+    ending at 0.8 s (a fifth would end at 1.0 s), however fast or loaded the machine is."""
+    import types
 
+    from aiayn.training import trainer as trainer_module
+
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     tr = _trainer(make_cfg(max_time_minutes=0.9 / 60, max_steps=100), tmp_path, make_task(n=40))
     real_step, ends = tr.train_step, []
 
     def slow_step(group):
-        time.sleep(0.2)
+        clock.now += 0.2
         out = real_step(group)
         ends.append(tr.elapsed())
         return out
@@ -165,7 +170,7 @@ def test_wall_time_budget_is_not_overshot(make_cfg, make_task, tmp_path):
     tr.train_step = slow_step
     summary = tr.train()
     assert summary["stop_reason"] == "max_time"
-    assert tr.state.step == 4 and ends[-1] < 0.9
+    assert tr.state.step == 4 and ends == pytest.approx([0.2, 0.4, 0.6, 0.8])
 
 
 def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 
 
 def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
-    """The newest ``n`` complete step checkpoints of a run (or checkpoints) directory,
-    oldest first."""
+    """The newest ``n`` complete periodic checkpoints (``step_*``) of a run (or checkpoints)
+    directory, oldest first: the paper's "last N checkpoints, written at 10-minute intervals".
+    A checkpoint written only because validation improved (``best_step_*``) is not one."""
     if n < 1:
         raise CheckpointError(f"--last: need at least 1 checkpoint, got {n}")
     d = Path(run_dir)

@@ -15,7 +15,11 @@ Layout of a checkpoint directory::
 
 A run directory keeps its checkpoints in ``RUN/checkpoints/``; the text file
 ``RUN/checkpoints/last`` names the newest complete one and ``RUN/checkpoints/best`` the best
-by the validation metric. :func:`resolve_checkpoint` accepts a checkpoint directory, a run
+by the validation metric. The periodic saves (every ``save_every`` steps or
+``save_every_minutes``, and the final one) are ``step_*``: the series that ``aiayn average
+--last N`` and ``keep_last`` count. A checkpoint written only because validation improved is
+``best_step_*``, outside that series; it is removed once ``best`` and ``last`` both name
+other checkpoints. :func:`resolve_checkpoint` accepts a checkpoint directory, a run
 directory, a ``checkpoints`` directory or one of those pointer files.
 
 Atomicity: everything is written into ``checkpoints/.tmp-<name>-*``, fsynced, then
@@ -69,6 +73,7 @@ REQUIRED_FILES = (MODEL_FILE, CONFIG_FILE, STATE_FILE)
 _TMP_PREFIX = ".tmp-"
 _PREFIXES = ("module.", "_orig_mod.")
 _STEP_RE = re.compile(r"^step_(\d+)$")
+_BEST_ONLY_RE = re.compile(r"^best_step_(\d+)$")
 
 
 # ------------------------------------------------------------------- file helpers
@@ -529,12 +534,20 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
 
 
 def checkpoint_step(path: Path) -> int | None:
+    """The step of a periodic checkpoint (``step_N``); None for any other name."""
     m = _STEP_RE.match(path.name)
     return int(m.group(1)) if m else None
 
 
+def saved_step(path: Path) -> int | None:
+    """The step of a periodic (``step_N``) or best-only (``best_step_N``) checkpoint."""
+    m = _STEP_RE.match(path.name) or _BEST_ONLY_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
 def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
-    """Complete ``step_*`` checkpoints in a checkpoints directory, oldest first."""
+    """Complete periodic (``step_*``) checkpoints in a checkpoints directory, oldest first;
+    best-only checkpoints (``best_step_*``) are not among them."""
     d = Path(checkpoints_dir)
     if not d.is_dir():
         return []
@@ -545,16 +558,19 @@ def list_checkpoints(checkpoints_dir: str | Path) -> list[Path]:
 class CheckpointManager:
     """Step-named checkpoints in ``RUN/checkpoints``: `last`/`best` pointers, rotation.
 
-    Keeps the newest ``keep_last`` step checkpoints (0 keeps all) plus the one ``best``
-    names. Only the process that writes (rank 0) should create one.
+    Periodic saves are ``step_N``; a save made only for a new best validation result
+    (``periodic=False``) is ``best_step_N`` (:meth:`name`). Keeps the newest ``keep_last``
+    periodic checkpoints (0 keeps all) plus the ones ``best`` and ``last`` name. Only the
+    process that writes (rank 0) should create one.
     """
 
     def __init__(self, run_dir: str | Path, keep_last: int = 5) -> None:
         self.dir = Path(run_dir) / CHECKPOINTS_DIR
         self.keep_last = keep_last
 
-    def name(self, step: int) -> str:
-        return f"step_{step:06d}"
+    def name(self, step: int, periodic: bool = True) -> str:
+        """``step_000100`` (periodic), or ``best_step_000100`` (saved for its validation only)."""
+        return f"step_{step:06d}" if periodic else f"best_step_{step:06d}"
 
     def last(self) -> Path | None:
         pointer = self.dir / LAST_POINTER
@@ -583,10 +599,16 @@ class CheckpointManager:
 
     def save(self, step: int, model: nn.Module, cfg: Config, tokenizer: Any = None,
              state: dict[str, Any] | None = None, optimizer: Any = None,
-             is_best: bool = False) -> Path:
-        path = save_checkpoint(self.dir / self.name(step), model, cfg, tokenizer, state, optimizer)
+             is_best: bool = False, periodic: bool = True) -> Path:
+        """Write step ``step``; ``periodic=False``: a save for a new best only (needs ``is_best``),
+        kept outside the periodic series. A periodic save of the step the best-only one
+        holds takes over the ``best`` pointer (the same state), and the copy goes."""
+        if not (periodic or is_best):
+            raise ValueError("a checkpoint that is not periodic must be the best")
+        path = save_checkpoint(self.dir / self.name(step, periodic), model, cfg, tokenizer, state, optimizer)
         _write_pointer(self.dir / LAST_POINTER, path.name)
-        if is_best:
+        best = self.best()
+        if is_best or (periodic and best is not None and best.name == self.name(step, periodic=False)):
             _write_pointer(self.dir / BEST_POINTER, path.name)
         self.prune()
         return path
@@ -594,21 +616,29 @@ class CheckpointManager:
     def mark_best(self, path: Path) -> None:
         _write_pointer(self.dir / BEST_POINTER, path.name)
 
+    def best_only(self) -> list[Path]:
+        """Complete best-only checkpoints (``best_step_*``), oldest first."""
+        if not self.dir.is_dir():
+            return []
+        found = [p for p in self.dir.iterdir() if _BEST_ONLY_RE.match(p.name) and is_checkpoint_dir(p)]
+        return sorted(found, key=lambda p: saved_step(p) or 0)
+
     def prune(self) -> None:
+        """Keep the newest ``keep_last`` periodic checkpoints and what ``last``/``best`` name;
+        best-only checkpoints that neither names go. ``keep_last`` 0 keeps everything."""
         if self.keep_last <= 0:
             return
         last, best = self.last(), self.best()
         keep = {p.name for p in (last, best) if p is not None}
-        ckpts = list_checkpoints(self.dir)
-        if last is not None:
+        ckpts, stale = list_checkpoints(self.dir), self.best_only()
+        last_step = saved_step(last) if last is not None else None
+        if last_step is not None:
             # Checkpoints newer than `last` come from a killed run that a resumed run will
             # overwrite; they do not count towards the window of the newest K.
-            last_step = checkpoint_step(last)
-            if last_step is not None:
-                keep.update(p.name for p in ckpts if (checkpoint_step(p) or 0) > last_step)
-                ckpts = [p for p in ckpts if (checkpoint_step(p) or 0) <= last_step]
+            keep.update(p.name for p in ckpts + stale if (saved_step(p) or 0) > last_step)
+            ckpts = [p for p in ckpts if (saved_step(p) or 0) <= last_step]
         keep.update(p.name for p in ckpts[-self.keep_last:])
-        for p in ckpts:
+        for p in ckpts + stale:
             if p.name not in keep:
                 log.debug("removing old checkpoint %s", p)
                 shutil.rmtree(p, ignore_errors=True)

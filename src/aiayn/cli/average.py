@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("inputs", nargs="+", metavar="PATH",
                    help="a run directory (with --last), or checkpoint directories")
     p.add_argument("--last", type=int, default=None, metavar="N",
-                   help="average the newest N checkpoints of the run directory")
+                   help="average the newest N periodic checkpoints (step_*) of the run directory; "
+                        "a checkpoint saved only as the best (best_step_*) is not counted")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="output checkpoint directory (new or empty; never one that holds an input)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out directory")

@@ -3,7 +3,10 @@
 The paper batches "by approximate sequence length", about 25,000 source and 25,000 target
 tokens per step (section 5.1). As in fairseq, a batch is bounded by ``max_tokens``: its
 sentence count times its longest sequence on either side, i.e. the padded size of the
-larger of the two tensors the model sees (``src`` or ``tgt_in``/``tgt_out``).
+larger of the two tensors the model sees (``src`` or ``tgt_in``/``tgt_out``). With
+``mode="real"`` the bound is on real (non-pad) tokens instead, on each side: the source
+tokens (with EOS) and the target tokens (with EOS) of a batch are each at most
+``max_tokens``, which is how the paper states its batch size (padding comes on top).
 
 How an epoch's batches are made (all from ``(seed, epoch)``, so every rank and every
 resumed run computes the same list):
@@ -132,13 +135,30 @@ def padded_cost(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> int:
     return int(len(src_sizes) * max(int(src_sizes.max()), int(tgt_sizes.max()) + 1))
 
 
-def _boundaries(src_sorted: np.ndarray, tgt_sorted: np.ndarray, max_tokens: int) -> list[int]:
-    """Greedy batch boundaries over length-sorted sentences: ``[0, b1, b2, ..., n]``."""
-    need_arr = np.maximum(src_sorted, tgt_sorted + 1)  # longest side of each sentence
+def real_cost(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> int:
+    """Real tokens of a batch on its larger side: source (with EOS) or target (with EOS)."""
+    if len(src_sizes) == 0:
+        return 0
+    return int(max(int(src_sizes.sum()), int(tgt_sizes.sum()) + len(tgt_sizes)))
+
+
+BATCH_MODES = ("padded", "real")
+
+
+def _warn_oversize(need_arr: np.ndarray, max_tokens: int) -> None:
     oversize = int((need_arr > max_tokens).sum())
     if oversize:
         log.warning("%d sentence(s) longer than max_tokens=%d form batches of their own",
                     oversize, max_tokens)
+
+
+def _boundaries(src_sorted: np.ndarray, tgt_sorted: np.ndarray, max_tokens: int,
+                mode: str = "padded") -> list[int]:
+    """Greedy batch boundaries over length-sorted sentences: ``[0, b1, b2, ..., n]``."""
+    need_arr = np.maximum(src_sorted, tgt_sorted + 1)  # longest side of each sentence
+    _warn_oversize(need_arr, max_tokens)
+    if mode == "real":
+        return _real_boundaries(src_sorted, tgt_sorted + 1, max_tokens)
     # Sequential by nature; plain Python over ints, once per iterator (~2 s for 4.5M sentences).
     bounds = [0]
     start = 0
@@ -156,6 +176,21 @@ def _boundaries(src_sorted: np.ndarray, tgt_sorted: np.ndarray, max_tokens: int)
     return bounds
 
 
+def _real_boundaries(src_sorted: np.ndarray, tgt_out_sorted: np.ndarray, max_tokens: int) -> list[int]:
+    """Greedy boundaries such that each side's real tokens stay within ``max_tokens``."""
+    bounds = [0]
+    start = src_sum = tgt_sum = 0
+    for i, (a, b) in enumerate(zip(src_sorted.tolist(), tgt_out_sorted.tolist())):
+        if (src_sum + a > max_tokens or tgt_sum + b > max_tokens) and i > start:
+            bounds.append(i)
+            start, src_sum, tgt_sum = i, 0, 0
+        src_sum += a
+        tgt_sum += b
+    if len(src_sorted) > start:
+        bounds.append(len(src_sorted))
+    return bounds
+
+
 class BatchIterator:
     """Epochs of token-budget batches, deterministic in ``(seed, epoch)``, resumable mid-epoch.
 
@@ -167,13 +202,16 @@ class BatchIterator:
     """
 
     def __init__(self, dataset: SizedPairs, max_tokens: int, seed: int = 1, shuffle: bool = True,
-                 num_shards: int = 1, shard_id: int = 0) -> None:
+                 num_shards: int = 1, shard_id: int = 0, mode: str = "padded") -> None:
         if max_tokens < 1:
             raise DataError(f"max_tokens must be at least 1, got {max_tokens}")
+        if mode not in BATCH_MODES:
+            raise DataError(f"batch mode must be one of {', '.join(BATCH_MODES)}, got {mode!r}")
         if num_shards < 1 or not 0 <= shard_id < num_shards:
             raise ValueError(f"shard_id {shard_id} is not in range for num_shards={num_shards}")
         self.dataset = dataset
         self.max_tokens = int(max_tokens)
+        self.mode = mode  # what max_tokens bounds: "padded" (the larger tensor) or "real" tokens per side
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         self.num_shards = int(num_shards)
@@ -190,7 +228,7 @@ class BatchIterator:
         # boundaries (and the split schedule for sharding) are computed once.
         order = self._sorted_order(None)
         self._bounds = self._shard_bounds(
-            _boundaries(self._src_sizes[order], self._tgt_sizes[order], self.max_tokens))
+            _boundaries(self._src_sizes[order], self._tgt_sizes[order], self.max_tokens, mode))
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
     # ------------------------------------------------------------------ batches

@@ -78,7 +78,8 @@ def build_data(cfg: Config, run_dir: Path, info: DistInfo) -> RunData:
             prepared = ensure_prepared(cfg.data, run_dir / "data")
     tokenizer = load_tokenizer(prepared)
     train = BatchIterator(load_split(prepared, "train"), cfg.train.max_tokens, seed=cfg.train.seed,
-                          shuffle=True, num_shards=info.world_size, shard_id=info.rank)
+                          shuffle=True, num_shards=info.world_size, shard_id=info.rank,
+                          mode=cfg.train.max_tokens_mode)
     data = RunData(prepared, tokenizer, train)
     if info.is_main:
         _add_validation(data, cfg)
@@ -91,7 +92,7 @@ def _add_validation(data: RunData, cfg: Config) -> None:
     except (AiaynError, FileNotFoundError) as exc:
         log.warning("no validation set (%s): validation skipped", exc)
         return
-    it = BatchIterator(valid_ds, cfg.train.max_tokens, shuffle=False)
+    it = BatchIterator(valid_ds, cfg.train.max_tokens, shuffle=False, mode=cfg.train.max_tokens_mode)
     data.valid = [it.make_batch(idx) for idx in it.epoch_batches(1)]
     if cfg.train.valid_bleu:
         try:

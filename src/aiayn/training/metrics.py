@@ -1,7 +1,11 @@
 """Training metrics: ``metrics.jsonl`` in the run directory, optionally TensorBoard.
 
 One JSON object per line. Training records (``"split": "train"``) carry step, epoch,
-loss, nll, ppl, lr, grad_norm, tokens_per_s, elapsed; validation records
+loss, nll, ppl, lr, grad_norm, tokens_per_s (target tokens), elapsed, and the batch size as
+it really was: src_tokens_per_update and tgt_tokens_per_update (non-pad tokens, EOS
+included, summed over processes and accumulated batches, averaged over the interval's
+updates) and pad_fraction (pad positions / all positions of the src and tgt_out tensors);
+validation records
 (``"split": "valid"``) carry step, epoch, valid_loss, valid_nll, valid_ppl (and
 valid_bleu when computed), elapsed. Losses are per target token in nats; ``ppl`` is
 ``exp(nll)``, from the NLL, not the label-smoothed loss.

@@ -26,6 +26,8 @@ class StepResult:
     lr: float
     updated: bool  # False: skipped (non-finite loss/gradient, or an fp16 overflow)
     nonfinite: bool  # the loss or gradient was NaN/inf
+    n_src_tokens: int = 0  # non-pad source tokens (with EOS); n_tokens counts the target's
+    n_padded: int = 0  # positions of the padded src and tgt_out tensors, pads included
 
 
 @dataclass
@@ -35,6 +37,8 @@ class Interval:
     loss: float = 0.0
     nll: float = 0.0
     tokens: int = 0
+    src_tokens: int = 0
+    padded: int = 0
     steps: int = 0
     grad_norm: float = 0.0  # the last update's
     start: float = field(default_factory=time.monotonic)
@@ -43,19 +47,26 @@ class Interval:
         self.loss += result.loss_sum
         self.nll += result.nll_sum
         self.tokens += result.n_tokens
+        self.src_tokens += result.n_src_tokens
+        self.padded += result.n_padded
         self.steps += 1
         self.grad_norm = result.grad_norm
 
     def record(self, step: int, epoch: float, lr: float, elapsed: float) -> dict[str, Any]:
-        """The ``metrics.jsonl`` record: per-token averages over the interval."""
+        """The ``metrics.jsonl`` record: per-token averages over the interval, and the real
+        tokens per update (means over its updates) with the share of padding."""
         tokens = max(self.tokens, 1)
         seconds = max(time.monotonic() - self.start, 1e-9)
         nll = self.nll / tokens
+        steps = max(self.steps, 1)
+        real = self.src_tokens + self.tokens
         return {
             "split": "train", "step": step, "epoch": epoch,
             "loss": self.loss / tokens, "nll": nll, "ppl": perplexity(nll), "lr": lr,
             "grad_norm": self.grad_norm, "tokens_per_s": self.tokens / seconds,
             "elapsed": round(elapsed, 3),
+            "src_tokens_per_update": self.src_tokens / steps, "tgt_tokens_per_update": self.tokens / steps,
+            "pad_fraction": 1.0 - real / self.padded if self.padded else 0.0,
         }
 
 
@@ -65,8 +76,10 @@ def show_train_record(record: dict[str, Any], bar: Any, log: logging.Logger) -> 
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                         tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
     log.info("step %d | epoch %.2f | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | "
-             "gnorm %.3f | %.0f tok/s", record["step"], record["epoch"], record["loss"], record["nll"],
-             record["ppl"], record["lr"], record["grad_norm"], record["tokens_per_s"])
+             "gnorm %.3f | %.0f tok/s | %.0f src + %.0f tgt tok/update | pad %.1f%%",
+             record["step"], record["epoch"], record["loss"], record["nll"], record["ppl"], record["lr"],
+             record["grad_norm"], record["tokens_per_s"], record["src_tokens_per_update"],
+             record["tgt_tokens_per_update"], 100.0 * record["pad_fraction"])
 
 
 def run_summary(stop_reason: str, state: TrainerState, *, epoch: float, elapsed: float,

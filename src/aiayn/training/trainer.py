@@ -12,7 +12,8 @@ it) and the Python/NumPy/torch RNG states (per process under torchrun), and vali
 runs under a forked RNG. A CPU fp32 run stopped at step N and resumed therefore ends at
 step 2N with the same weights, bit for bit, as a run that never stopped, provided the
 same torch build, thread count (``AIAYN_NUM_THREADS`` / ``OMP_NUM_THREADS``) and data and
-batching settings (``max_tokens``, ``update_freq``, ``seed``, number of processes) are used.
+batching settings (``max_tokens``, ``max_tokens_mode``, ``update_freq``, ``seed``, number of
+processes) are used.
 Changing those on resume is allowed; training then continues, just not bit-identically.
 
 The trainer is handed its pieces (model, optimizer, batches, a validation BLEU scorer,
@@ -112,7 +113,7 @@ class Trainer:
         self.signals = StopSignals()
         self.state = TrainerState()
         self.groups = UpdateGroups(train_batches, self.tc.update_freq, self.stopping.epochs_done)
-        self._last_saved_step: int | None = None
+        self._last_saved_step: int | None = None  # of the last periodic save
         self._last_valid_step: int | None = None
         self._t0: float | None = None
         self.checkpoints, self.metrics = _run_outputs(self.run_dir, self.dist, self.tc)
@@ -136,7 +137,8 @@ class Trainer:
         local_sents = sum(int(b.src.size(0)) for b in batches)
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
         loss_acc, nll_acc = self._backward(batches, total_tokens)
-        loss_sum, nll_sum, n_sents = all_reduce_sum([loss_acc, nll_acc, local_sents], self.dist, self.device)
+        loss_sum, nll_sum, n_sents, src_tokens, padded = all_reduce_sum(
+            [loss_acc, nll_acc, local_sents, *_src_and_padded(batches)], self.dist, self.device)
         lr = self.schedule(self.state.step + 1)
         set_lr(self.optimizer, lr)
         out = amp.apply_update(self.optimizer, self.scaler, self.params, self.tc.clip_norm,
@@ -146,7 +148,8 @@ class Trainer:
         self.state.tokens_seen += int(total_tokens)
         return StepResult(loss_sum=loss_sum, nll_sum=nll_sum, n_tokens=int(total_tokens),
                           n_sentences=int(n_sents), grad_norm=out.grad_norm, lr=lr,
-                          updated=out.updated, nonfinite=out.nonfinite)
+                          updated=out.updated, nonfinite=out.nonfinite,
+                          n_src_tokens=int(src_tokens), n_padded=int(padded))
 
     def _backward(self, batches: list[Any], total_tokens: float) -> tuple[float, float]:
         """Accumulate the gradients of ``batches``; their summed loss and NLL (this process)."""
@@ -208,18 +211,21 @@ class Trainer:
         self.groups.restart()
         self._last_saved_step = self.state.step
 
-    def save(self, is_best: bool = False) -> Path | None:
+    def save(self, is_best: bool = False, periodic: bool = True) -> Path | None:
         """Checkpoint the current step. Collective under torchrun (RNG states are gathered);
-        only the main process writes."""
+        only the main process writes. ``periodic=False`` (a save only because validation
+        improved) writes ``best_step_N``, outside the series that ``keep_last`` and
+        ``aiayn average --last`` count."""
         rng = all_gather_json(ckpt_io.capture_rng_state(self.device), self.dist, self.device)
         path = None
         if self.dist.is_main and self.checkpoints is not None:
             t = time.monotonic()
             path = self.checkpoints.save(
                 self.state.step, self.model, self.cfg, tokenizer=self.tokenizer,
-                state=self.state_dict(rng), optimizer=self.optimizer, is_best=is_best)
+                state=self.state_dict(rng), optimizer=self.optimizer, is_best=is_best, periodic=periodic)
             log.info("saved %s (%.1f s)", path, time.monotonic() - t)
-        self._last_saved_step = self.state.step
+        if periodic:
+            self._last_saved_step = self.state.step
         return path
 
     # ------------------------------------------------------------------ the loop
@@ -314,14 +320,14 @@ class Trainer:
         # so every validation step is a potential save).
         is_best = self._agree([is_best])[0] and self.tc.keep_best
         if save_now or is_best:
-            self.save(is_best=is_best)
+            self.save(is_best=is_best, periodic=save_now)
             run.last_time_save = time.monotonic()
         if valid_now:
             run.finish_seconds = time.monotonic() - start
 
     def _end_of_data(self, run: _Loop) -> None:
         """Stopped by max_epochs: the last update could not know it was the last, so its
-        record, validation and checkpoint come now."""
+        record, validation and (periodic) checkpoint come now."""
         if not run.trained or self._last_saved_step == self.state.step:
             return
         if run.interval.steps:
@@ -367,6 +373,13 @@ class Trainer:
         if self.dist.is_main:
             log.info("stopped (%s) at step %d after %.1f s", stop_reason, self.state.step, self.elapsed())
         return summary
+
+
+def _src_and_padded(batches: list[Any]) -> tuple[int, int]:
+    """Real source tokens of ``batches`` and the size of their padded ``src`` plus ``tgt_out``."""
+    src = sum(int(b.n_src_tokens) for b in batches)
+    padded = sum(int(b.src.numel()) + int(b.tgt_out.numel()) for b in batches)
+    return src, padded
 
 
 def _data_parallel(model: nn.Module, dist: DistInfo, device: torch.device) -> DistributedDataParallel | None:
