@@ -238,6 +238,11 @@ def _read_prm(path: Path) -> dict[str, list[list[str]]]:
 
 
 # ------------------------------------------------------------------------------ sentences
+def _percent(part: int, whole: int) -> float:
+    """100 part / whole, 0 when whole is 0 (EVALB's convention for empty counts)."""
+    return 100.0 * part / whole if whole else 0.0
+
+
 @dataclass(frozen=True)
 class SentenceScore:
     """EVALB's figures for one sentence (one row of its table)."""
@@ -269,11 +274,11 @@ class SentenceScore:
 
     @property
     def recall(self) -> float:
-        return 100.0 * self.matched / self.gold_brackets if self.gold_brackets else 0.0
+        return _percent(self.matched, self.gold_brackets)
 
     @property
     def precision(self) -> float:
-        return 100.0 * self.matched / self.test_brackets if self.test_brackets else 0.0
+        return _percent(self.matched, self.test_brackets)
 
     @property
     def tag_accuracy(self) -> float:
@@ -528,11 +533,11 @@ class EvalbSummary:
 
     @property
     def recall(self) -> float:
-        return 100.0 * self.matched / self.gold_brackets if self.gold_brackets else 0.0
+        return _percent(self.matched, self.gold_brackets)
 
     @property
     def precision(self) -> float:
-        return 100.0 * self.matched / self.test_brackets if self.test_brackets else 0.0
+        return _percent(self.matched, self.test_brackets)
 
     @property
     def f_measure(self) -> float:
