@@ -85,6 +85,7 @@ from pathlib import Path
 
 from aiayn.data.trees import TRACE_TAG, Tree, iter_trees, parse_tree, read_trees_with_lines
 from aiayn.errors import DataError
+from aiayn.fileio import read_text_lines
 
 logger = logging.getLogger(__name__)
 
@@ -243,8 +244,24 @@ def _percent(part: int, whole: int) -> float:
     return 100.0 * part / whole if whole else 0.0
 
 
+class _BracketFigures:
+    """Recall and precision from bracket counts (a sentence's, or a corpus's)."""
+
+    matched: int
+    gold_brackets: int
+    test_brackets: int
+
+    @property
+    def recall(self) -> float:
+        return _percent(self.matched, self.gold_brackets)
+
+    @property
+    def precision(self) -> float:
+        return _percent(self.matched, self.test_brackets)
+
+
 @dataclass(frozen=True)
-class SentenceScore:
+class SentenceScore(_BracketFigures):
     """EVALB's figures for one sentence (one row of its table)."""
 
     length: int
@@ -271,14 +288,6 @@ class SentenceScore:
     @property
     def exact(self) -> bool:
         return self.matched == self.gold_brackets == self.test_brackets
-
-    @property
-    def recall(self) -> float:
-        return _percent(self.matched, self.gold_brackets)
-
-    @property
-    def precision(self) -> float:
-        return _percent(self.matched, self.test_brackets)
 
     @property
     def tag_accuracy(self) -> float:
@@ -511,7 +520,7 @@ def score_sentence(gold: Tree, test: Tree, *, params: EvalbParams | None = None)
 
 # ------------------------------------------------------------------------------ corpus
 @dataclass(frozen=True)
-class EvalbSummary:
+class EvalbSummary(_BracketFigures):
     """EVALB's ``=== Summary ===`` block: counts, and the figures as properties."""
 
     sentences: int
@@ -530,14 +539,6 @@ class EvalbSummary:
     @property
     def valid(self) -> int:
         return self.sentences - self.errors - self.skipped
-
-    @property
-    def recall(self) -> float:
-        return _percent(self.matched, self.gold_brackets)
-
-    @property
-    def precision(self) -> float:
-        return _percent(self.matched, self.test_brackets)
 
     @property
     def f_measure(self) -> float:
@@ -699,13 +700,8 @@ def evalb_files(
 
 def _read_lines(path: Path | str) -> list[list[Tree]]:
     """EVALB's input layout: line i is sentence i, holding any number of trees (0: empty)."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
-    return [[tree for _, tree in iter_trees(line, f"{path} line {n}")] for n, line in enumerate(lines, start=1)]
+    lines = read_text_lines(path, "error", strip="eol")
+    return [[tree for _, tree in iter_trees(line or "", f"{path} line {n}")] for n, line in enumerate(lines, start=1)]
 
 
 def evalb_sentences(gold_path: Path | str, test_path: Path | str, params: EvalbParams) -> list[SentenceScore]:
