@@ -20,14 +20,18 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from aiayn.config import Config
 from aiayn.data.trees import PLACEHOLDER, TARGETS, Tree, as_placeholders, is_well_formed, read_trees_with_lines, rebuild
 from aiayn.errors import DataError
 from aiayn.evaluation.parsing import evalb
 from aiayn.inference.constraints import TreeConstraint, TreeVocab
+from aiayn.inference.search import max_output_lengths
 from aiayn.inference.translator import Translator
 from aiayn.vocab import EOS_ID, UNK_ID
 
@@ -96,9 +100,8 @@ class Parser:
         """Load a checkpoint (several paths: averaged weights, see :class:`Translator`);
         a checkpoint whose target vocabulary has no tree symbols is refused."""
         parser = cls(Translator.from_checkpoint(path, device=device, dtype=dtype))
-        tok = parser.translator.tokenizer
         try:
-            TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), parser.placeholder, EOS_ID)
+            _ = parser.tree_vocab  # read once here: a checkpoint that is not a parser fails at load
         except ValueError:
             where = path if isinstance(path, (str, Path)) else path[0]
             raise DataError(f"{where}: not a parsing checkpoint: its target vocabulary has no tree symbols "
@@ -111,11 +114,16 @@ class Parser:
         self.translator.decode_config(**settings)  # raises ConfigError on a bad option
         return settings
 
+    @cached_property
+    def tree_vocab(self) -> TreeVocab:
+        """The target ids of the tree symbols (ValueError if the vocabulary has none)."""
+        tok = self.translator.tokenizer
+        return TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), self.placeholder, EOS_ID)
+
     def tree_constraint(self, word_lists: Sequence[Sequence[str]]) -> Callable[[list[int]], TreeConstraint]:
         """The grammar for sentences of ``word_lists``, per batch of their indices: trees over
         exactly their words (spelled as the target spells them when it holds the words)."""
-        tok = self.translator.tokenizer
-        vocab = TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), self.placeholder, EOS_ID)
+        vocab = self.tree_vocab
         if self.target == "placeholders":
             return lambda batch: TreeConstraint(vocab, [len(word_lists[i]) for i in batch])
         ids = [self._word_ids(words, vocab.placeholder) for words in word_lists]
@@ -134,15 +142,15 @@ class Parser:
         words (two brackets, one token per word) longer than the output bound."""
         tr = self.translator
         src_lens = tr.source_lengths([" ".join(ptb_escape(w) for w in words) for words in word_lists])
-        for i, (words, n_src) in enumerate(zip(word_lists, src_lens)):
+        # The search's own bound (a * |x| + b, within the model's positions).
+        bounds = max_output_lengths(torch.tensor(src_lens, dtype=torch.long), tr.decode_config(**settings),
+                                    tr.decoder.max_steps).tolist()
+        for i, (words, n_src, bound) in enumerate(zip(word_lists, src_lens, bounds)):
             if not words:
                 continue
             if tr.max_src_len is not None and n_src > tr.max_src_len:
                 return i, (f"{len(words)} words make {n_src} source tokens (with EOS); the model has "
                            f"{tr.max_src_len} positions: split the sentence")
-            bound = int(settings["max_len_a"] * n_src + settings["max_len_b"])
-            if tr.max_tgt_len is not None:
-                bound = min(bound, tr.max_tgt_len - 1)
             if len(words) + 2 > bound:
                 return i, (f"{len(words)} words need a tree of at least {len(words) + 2} tokens; the output "
                            f"may hold {bound} (model positions, --max-len-a/--max-len-b)")

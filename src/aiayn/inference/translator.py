@@ -122,7 +122,6 @@ class Translator:
         self.model = prepared.model
         self.decoder = IncrementalDecoder(prepared, autocast=autocast)
         self.max_src_len: int | None = getattr(model.src_positions, "max_positions", None)
-        self.max_tgt_len: int | None = self.decoder.max_steps  # target positions, BOS included
 
     # --------------------------------------------------------------- construction
 
