@@ -15,33 +15,19 @@ EVALB) drops it below the floor.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from aiayn.data.trees import parse_tree, read_trees
 
-ROOT = Path(__file__).resolve().parents[2]
-MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", ROOT.parent / "shared" / "data"))
 STEPS = 1000
 F1_FLOOR = 30.0
 
 
 @pytest.mark.slow
-def test_ptb_parsing_reduced_run_parses(tmp_path: Path) -> None:
-    if not (MIRROR / "ptb-sample").is_dir():
-        pytest.skip(f"no PTB sample at {MIRROR} (set AIAYN_DATA_MIRROR)")
-    aiayn = Path(sys.executable).with_name("aiayn")
-    env = {**os.environ, "DATA_DIR": str(MIRROR), "PREPARED": str(tmp_path / "data-bin"),
-           "RUN": str(tmp_path / "run"), "AVERAGE": "3", "AIAYN": str(aiayn)}
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "ptb_parsing.sh"), f"train.max_steps={STEPS}",
-         "train.keep_last=3"],
-        cwd=ROOT, env=env, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_ptb_parsing_reduced_run_parses(run_recipe, tmp_path: Path) -> None:
+    proc = run_recipe("ptb_parsing.sh", "ptb-sample", f"train.max_steps={STEPS}", "train.keep_last=3")
     for split in ("valid", "test"):
         scores = json.loads((tmp_path / "run" / f"{split}.scores.json").read_text())
         assert scores["repaired"] == 0, scores
