@@ -53,3 +53,60 @@ def test_trainer_resolves_dtype_auto(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
     trainer = Trainer(cfg, build_model(cfg.model), device="cpu")
     assert (trainer.dtype, trainer.amp_dtype) == ("bf16", torch.bfloat16)
+
+
+# The commands that run the model; each takes --threads, applied before it starts.
+COMPUTE_COMMANDS = ("demo", "train", "translate", "evaluate", "parse", "serve", "plot attention")
+
+
+@pytest.mark.parametrize("flag, env, expected", [(None, None, 0), (None, "3", 3), (2, "3", 2), (0, "3", 0),
+                                                 (None, " 1 ", 1)])
+def test_threads_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch, flag, env, expected):
+    from aiayn.runtime import THREADS_ENV, num_threads
+
+    if env is None:
+        monkeypatch.delenv(THREADS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(THREADS_ENV, env)
+    assert num_threads(flag) == expected
+
+
+@pytest.mark.parametrize("flag, env, message", [(None, "two", "AIAYN_NUM_THREADS='two': not a whole number"),
+                                                (None, "-1", "AIAYN_NUM_THREADS -1: the number of threads cannot"),
+                                                (-2, None, "--threads -2: the number of threads cannot")])
+def test_bad_thread_counts_name_their_origin(monkeypatch: pytest.MonkeyPatch, flag, env, message):
+    from aiayn.errors import ConfigError
+    from aiayn.runtime import THREADS_ENV, num_threads
+
+    monkeypatch.setenv(THREADS_ENV, env) if env else monkeypatch.delenv(THREADS_ENV, raising=False)
+    with pytest.raises(ConfigError, match=message):
+        num_threads(flag)
+
+
+@pytest.mark.parametrize("command", COMPUTE_COMMANDS)
+def test_every_compute_command_applies_threads_before_it_runs(monkeypatch: pytest.MonkeyPatch, command: str):
+    import torch
+
+    from aiayn.cli import main as cli
+
+    parser = cli.build_parser()
+    seen = []
+    real = parser.parse_args
+
+    def parse_args(argv):
+        args = real(argv)
+        args.func = lambda a: seen.append((a.threads, torch.get_num_threads()))
+        return args
+
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(parser, "parse_args", parse_args)
+    monkeypatch.setenv("AIAYN_NUM_THREADS", "2")
+    required = {"train": [], "translate": ["--checkpoint", "x"], "evaluate": [], "parse": ["--checkpoint", "x"],
+                "serve": ["--checkpoint", "x"], "plot attention": ["--checkpoint", "x", "--text", "a"], "demo": []}[command]
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([*command.split(), *required, "--threads", "1"])
+        assert exit_.value.code == 0 and seen == [(1, 1)]
+    finally:
+        torch.set_num_threads(before)

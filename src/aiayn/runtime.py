@@ -94,6 +94,38 @@ def torch_dtype(name: str) -> torch.dtype | None:
     return None if resolved == "float32" else getattr(torch, resolved)
 
 
+THREADS_ENV = "AIAYN_NUM_THREADS"
+
+
+def num_threads(requested: int | None = None, field: str = "--threads") -> int:
+    """The CPU threads torch should use: ``requested`` (a ``--threads`` flag), else
+    ``$AIAYN_NUM_THREADS``, else 0 (leave torch's choice, one per core). A negative or
+    non-numeric value is a :class:`~aiayn.errors.ConfigError` naming where it came from."""
+    if requested is None:
+        raw = os.environ.get(THREADS_ENV, "").strip()
+        if not raw:
+            return 0
+        field = THREADS_ENV
+        try:
+            requested = int(raw)
+        except ValueError:
+            raise ConfigError(f"{THREADS_ENV}={raw!r}: not a whole number of threads") from None
+    if requested < 0:
+        raise ConfigError(f"{field} {requested}: the number of threads cannot be negative (0: torch's choice)")
+    return requested
+
+
+def set_threads(requested: int | None = None, field: str = "--threads") -> int:
+    """Apply :func:`num_threads` to torch (0 leaves torch's default); returns the number.
+    On a machine busy with other work, fewer threads than cores often run faster."""
+    threads = num_threads(requested, field)
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    return threads
+
+
 def resolve_device(preference: str | torch.device, local_rank: int = 0, field: str = "--device") -> torch.device:
     """``auto`` -> this rank's CUDA device if there is one, else the CPU; ``cuda`` (no index)
     -> this rank's GPU; anything else as torch names it. A device that does not exist or is

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from aiayn.cli import options
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="train a small Transformer on a built-in task, translate, show attention",
@@ -16,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="built-in synthetic task (default: reverse)")
     p.add_argument("--dataset", default=None, help="'multi30k' to run on real data")
     p.add_argument("--data-dir", default=None, help="mirror folder holding the corpus (e.g. ../shared/data)")
+    options.add_threads(p)
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)
 
@@ -24,5 +27,5 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.recipes.demo import run_demo
 
     run_demo(args.out, dataset=args.dataset, data_dir=args.data_dir, task=args.task,
-             overrides=args.overrides, echo=print)
+             overrides=args.overrides, echo=print, threads=args.threads)
     return 0

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from aiayn.errors import AiaynError
-from aiayn.runtime import tune_allocator
+from aiayn.runtime import set_threads, tune_allocator
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
+        if "threads" in vars(args):  # the compute commands (options.add_threads)
+            args.threads = set_threads(args.threads)
         code = args.func(args)
     except AiaynError as exc:
         print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)

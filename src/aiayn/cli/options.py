@@ -84,9 +84,17 @@ def add_ctranslate2(container: Container) -> None:
 
 
 def add_device_flags(container: Container) -> None:
-    """``--device`` (resolve it with :func:`device`) and the inference ``--dtype``."""
+    """``--device`` (resolve it with :func:`device`), the inference ``--dtype`` and ``--threads``."""
     container.add_argument("--device", default="cpu", help=DEVICE_HELP)
     container.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help=DTYPE_HELP)
+    add_threads(container)
+
+
+def add_threads(container: Container) -> None:
+    """``--threads N``; the `aiayn` command applies it (:func:`aiayn.runtime.set_threads`)
+    before the subcommand runs, so every compute command honours it the same way."""
+    container.add_argument("--threads", type=int, default=None, metavar="N",
+                           help="CPU threads for torch (default: $AIAYN_NUM_THREADS, else one per core)")
 
 
 def add_on_invalid_utf8(container: Container) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,7 +58,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         notes={"beam": "default 21", "lenpen": "default 0.3", "max_len_a": "default 1", "max_len_b": "default 300",
                "batch_tokens": "default: the checkpoint's"})
     options.add_device_flags(g)
-    g.add_argument("--threads", type=int, help="CPU threads (default: $AIAYN_NUM_THREADS, else torch's)")
     p.set_defaults(func=run)
 
 
@@ -76,15 +74,6 @@ def _check_args(args: argparse.Namespace) -> None:
         inputs = [args.input if args.input != "-" else None, args.gold, args.prepared and
                   str(Path(args.prepared) / f"{args.split}.gold.txt")]
         fileio.check_output_file(args.output, inputs, "--output")
-
-
-def _set_threads(args: argparse.Namespace) -> None:
-    threads = args.threads or int(os.environ.get("AIAYN_NUM_THREADS", "0") or 0)
-    if threads:
-        # As `aiayn train` does: on a busy machine, fewer threads than cores decode faster.
-        import torch
-
-        torch.set_num_threads(threads)
 
 
 def _read_input(args: argparse.Namespace) -> tuple[list[str], list[Any] | None]:
@@ -111,7 +100,6 @@ def run(args: argparse.Namespace) -> int:
     from aiayn.inference.parsing import Parser, parse_prepared_split, score_parses
 
     _check_args(args)
-    _set_threads(args)
     decode = options.decode_overrides(args)
     sentences, gold = _read_input(args) if args.input else ([], None)
     # Parser takes the device by name.

@@ -64,7 +64,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bat.add_argument("--max-batch-sentences", type=int, default=64, help="sentences per model batch (default 64)")
     bat.add_argument("--no-batching", action="store_true",
                      help="translate requests one at a time (the baseline of docs/benchmarks.md)")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM/Ctrl+C (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -140,10 +139,7 @@ def run(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise AiaynError(f"aiayn serve needs the 'serve' extra ({exc.name} is missing): "
                          "pip install 'aiayn[serve]'") from None
-    import torch
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
     device = options.device(args)
     translator = _translator(args, device)
     settings = ServeSettings(

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from aiayn.cli import options
 from aiayn.errors import ConfigError
 
 
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="train.device")
     p.add_argument("--init-from", metavar="CHECKPOINT",
                    help="train.init_from: start from these weights (e.g. an `aiayn import hf` checkpoint)")
+    options.add_threads(p)
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved configuration and exit")
     p.add_argument("overrides", nargs="*", metavar="section.key=value",
@@ -85,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     from aiayn.recipes.train import run_training
 
-    summary = run_training(cfg, run_dir, resume=args.resume)
+    summary = run_training(cfg, run_dir, resume=args.resume, threads=args.threads)
     if int(os.environ.get("RANK", "0")) == 0:
         best = summary.get("best") or {}
         line = (f"done ({summary['stop_reason']}): step {summary['step']}, "

@@ -110,8 +110,9 @@ def _draw_attention(translator, text: str, path: Path, title: str) -> Path:
 
 def run_demo(out_dir: str | Path = "runs/demo", dataset: str | None = None, data_dir: str | None = None,
              task: str = "reverse", n_examples: int = 5, n_held_out: int = 400,
-             overrides: list[str] | None = None, echo=print) -> DemoResult:
-    """Train, translate and report; ``echo`` prints the human-readable lines (the CLI's print)."""
+             overrides: list[str] | None = None, echo=print, threads: int | None = None) -> DemoResult:
+    """Train, translate and report; ``echo`` prints the human-readable lines (the CLI's print);
+    ``threads``: CPU threads (None: ``$AIAYN_NUM_THREADS``, else torch's choice)."""
     out = Path(out_dir)
     cfg = multi30k_config(data_dir) if dataset == "multi30k" else synthetic_config(task)
     if dataset not in (None, "multi30k"):
@@ -121,7 +122,7 @@ def run_demo(out_dir: str | Path = "runs/demo", dataset: str | None = None, data
     what = "Multi30k en-de" if dataset else f"the built-in '{task}' task"
     echo(f"aiayn demo: training a small Transformer on {what} in {out}")
     t0 = time.perf_counter()
-    run_training(cfg, out)
+    run_training(cfg, out, threads=threads)
     train_seconds = time.perf_counter() - t0
     # The best validation checkpoint (the synthetic task's best_metric is valid_bleu), or the
     # last where the run kept no best.

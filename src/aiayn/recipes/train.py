@@ -11,7 +11,6 @@ model and optimizer, and the resume point.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import shutil
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from aiayn.evaluation.bleu import corpus_bleu
 from aiayn.fileio import check_empty_dir
 from aiayn.inference.translator import Translator
 from aiayn.model import Transformer, build_model
+from aiayn.runtime import set_threads
 from aiayn.training.distributed import DistInfo, barrier, cleanup, init_distributed
 from aiayn.training.optim import build_optimizer
 from aiayn.training.trainer import Trainer
@@ -212,12 +212,12 @@ def is_run_dir(path: Path) -> bool:
     return any((path / name).exists() for name in (ckpt_io.CHECKPOINTS_DIR, "metrics.jsonl", "train.log"))
 
 
-def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = None) -> dict[str, Any]:
+def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = None,
+                 threads: int | None = None) -> dict[str, Any]:
     """Train ``cfg`` in ``run_dir``: fresh, or resumed from ``resume`` / the run directory's
-    last checkpoint. The entry point of ``aiayn train`` (also under torchrun)."""
-    threads = os.environ.get("AIAYN_NUM_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
+    last checkpoint. The entry point of ``aiayn train`` (also under torchrun). ``threads``:
+    CPU threads (None: ``$AIAYN_NUM_THREADS``, else torch's choice)."""
+    set_threads(threads)
     _check_fp16(cfg)
     info, device = init_distributed(cfg.train.device)
     run_dir = Path(run_dir)
