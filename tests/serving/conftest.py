@@ -59,3 +59,21 @@ def server(serve_load: ModuleType, tiny_checkpoint: Path) -> Iterator:
     ) as srv:
         srv.limits = {"max_texts": MAX_TEXTS, "max_chars": MAX_CHARS, "max_body_bytes": MAX_BODY_BYTES}
         yield srv
+
+
+# The key of `keyed_server`, given through the environment as a deployment would.
+API_KEY = "test-key-6f1d2c"
+CORS_ORIGIN = "https://page.example"
+
+
+@pytest.fixture(scope="session")
+def keyed_server(serve_load: ModuleType, tiny_checkpoint: Path) -> Iterator:
+    """A server with an API key (from $AIAYN_API_KEY), one CORS origin and the access log."""
+    srv = serve_load.launch_server(tiny_checkpoint, "--threads", "1", "--cors-origin", CORS_ORIGIN, "--access-log",
+                                   env={"AIAYN_API_KEY": API_KEY})
+    try:
+        srv.api_key = API_KEY
+        srv.cors_origin = CORS_ORIGIN
+        yield srv
+    finally:
+        srv.stop()

@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 
-from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
-from aiayn.serving.metrics import ServerMetrics
+pytest.importorskip("prometheus_client", reason="the 'serve' extra is not installed")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError  # noqa: E402
+from aiayn.serving.metrics import ServerMetrics  # noqa: E402
 
 
 class Scripted:
@@ -108,7 +112,7 @@ def test_a_failing_request_fails_alone() -> None:
     with pytest.raises(ValueError, match="scripted failure"):
         bad.result(timeout=10)
     b.close()
-    assert metrics.batch_failures.value() == 1
+    assert metrics.value("aiayn_batch_failures_total") == 1
     assert [texts for texts, _ in fn.calls][0] == ["fine", "bad one", "also fine"]  # tried together first
 
 
@@ -119,7 +123,7 @@ def test_a_full_queue_refuses_and_counts() -> None:
     submit(b, ["b"])
     with pytest.raises(QueueFullError):
         submit(b, ["c"])
-    assert metrics.rejected.value() == 1
+    assert metrics.value("aiayn_queue_rejected_total") == 1
     b.start()
     b.close()
 
@@ -152,11 +156,19 @@ def test_metrics_render_in_prometheus_text_format() -> None:
     b.start()
     submit(b, ["a b", "c"]).result(timeout=10)
     b.close()
-    text = metrics.render()
-    assert "# TYPE aiayn_batch_sentences histogram" in text
-    assert 'aiayn_batch_sentences_bucket{le="2"} 1' in text
-    assert 'aiayn_batch_sentences_bucket{le="1"} 0' in text
-    assert "aiayn_batch_sentences_count 1" in text
-    assert "aiayn_sentences_total 2" in text
-    assert "aiayn_source_tokens_total 5" in text
+    text = metrics.render().decode("utf-8")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["aiayn_batch_sentences"].type == "histogram"
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}
+    # Cumulative buckets: one batch of two sentences.
+    assert samples[("aiayn_batch_sentences_bucket", (("le", "1.0"),))] == 0
+    assert samples[("aiayn_batch_sentences_bucket", (("le", "2.0"),))] == 1
+    assert samples[("aiayn_batch_sentences_bucket", (("le", "+Inf"),))] == 1
+    assert samples[("aiayn_batch_sentences_count", ())] == 1
+    assert samples[("aiayn_batch_sentences_sum", ())] == 2
+    assert samples[("aiayn_batch_requests_count", ())] == 1
+    assert samples[("aiayn_batches_total", ())] == 1
+    assert samples[("aiayn_sentences_total", ())] == 2
+    assert samples[("aiayn_source_tokens_total", ())] == 5
     assert text.endswith("\n")

@@ -24,11 +24,14 @@ def post(server, body, **kw) -> httpx.Response:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """One sample of the Prometheus text (0 when absent)."""
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    pattern = re.escape(name) + (r"\{" + re.escape(want) + r"\}" if labels else "") + r" (\S+)$"
-    m = re.search("^" + pattern, text, re.M)
-    return float(m.group(1)) if m else 0.0
+    """One sample of the Prometheus text (0 when absent), parsed by prometheus_client."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
 
 
 def scrape(server) -> str:
@@ -262,7 +265,7 @@ def test_metrics_counters_move(server, sentences: list[str]) -> None:
     assert metric(after, "aiayn_target_tokens_per_second") > 0
     assert "# TYPE aiayn_http_request_duration_seconds histogram" in after
     assert "# TYPE aiayn_batch_sentences histogram" in after
-    assert 'aiayn_http_request_duration_seconds_bucket{path="/v1/translate",le="+Inf"}' in after
+    assert delta("aiayn_http_request_duration_seconds_bucket", path="/v1/translate", le="+Inf") == 2
 
 
 def test_concurrent_requests_are_batched(server, sentences: list[str]) -> None:

@@ -117,3 +117,34 @@ def test_page_shows_api_errors(browser, server) -> None:
     sync_api.expect(page.locator("#error")).to_contain_text("characters", timeout=30_000)
     assert page.locator("#attention-panel").is_hidden()
     page.close()
+
+
+def test_page_asks_for_the_api_key(browser, keyed_server, sentences: list[str]) -> None:
+    """With `aiayn serve --api-key` the page loads without the key, asks for it on the first
+    401, and sends it with every API call (kept for the tab's life: a reload keeps it)."""
+    page = browser.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(keyed_server.url + "/", wait_until="networkidle")
+    sync_api.expect(page.locator("#auth-panel")).to_be_visible()
+    sync_api.expect(page.locator("#auth-message")).to_contain_text("needs an API key")
+
+    page.fill("#api-key", "not-the-key")
+    page.click("#use-key")
+    sync_api.expect(page.locator("#auth-message")).to_contain_text("refused this API key")
+    sync_api.expect(page.locator("#auth-panel")).to_be_visible()
+
+    page.fill("#api-key", keyed_server.api_key)
+    page.click("#use-key")
+    sync_api.expect(page.locator("#model-info")).to_contain_text("en → xx")
+    assert page.locator("#auth-panel").is_hidden()
+    page.fill("#source", sentences[0])
+    page.click("#translate")
+    sync_api.expect(page.locator("#attention-panel")).to_be_visible(timeout=60_000)
+    assert page.locator("#error").is_hidden()
+
+    page.reload(wait_until="networkidle")
+    sync_api.expect(page.locator("#model-info")).to_contain_text("en → xx")
+    assert page.locator("#auth-panel").is_hidden()
+    assert not errors, errors
+    page.close()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import math
+import os
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiayn.cli import options
 from aiayn.errors import AiaynError
@@ -64,10 +66,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     bat.add_argument("--max-batch-sentences", type=int, default=64, help="sentences per model batch (default 64)")
     bat.add_argument("--no-batching", action="store_true",
                      help="translate requests one at a time (the baseline of docs/benchmarks.md)")
+    _add_access_flags(p)
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM/Ctrl+C (default 30)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--access-log", action="store_true",
+                   help="log one line per request (uvicorn's access log, at --log-level info or debug; "
+                        "default off)")
     p.set_defaults(func=run)
+
+
+# The variable --api-key falls back to: a key given there does not show in `ps`.
+API_KEY_ENV = "AIAYN_API_KEY"
+
+
+def _add_access_flags(p: argparse.ArgumentParser) -> None:
+    acc = p.add_argument_group("access")
+    acc.add_argument("--api-key", metavar="KEY",
+                     help=f"require this key on every request but /health, the page and the docs, as "
+                          f"'Authorization: Bearer KEY' or 'X-API-Key: KEY' (default: ${API_KEY_ENV}, "
+                          "which keeps the key out of `ps`; this flag wins over it; neither: no key)")
+    acc.add_argument("--cors-origin", action="append", metavar="ORIGIN", dest="cors_origins",
+                     help="let pages on this origin (scheme://host[:port], or * for any) call the API from a "
+                          "browser; repeatable (default: no CORS headers)")
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -82,6 +103,45 @@ def _check(args: argparse.Namespace) -> None:
                              f"{'milliseconds' if name == 'batch_window_ms' else 'seconds'}, got {value}")
     if not 0 <= args.port <= 65535:
         raise AiaynError(f"--port: {args.port} is not a port number")
+
+
+def api_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The key to require: ``--api-key`` if given, else ``$AIAYN_API_KEY`` if set, else
+    None (no key). A set but empty or unusable key is an error, never "no key"."""
+    from aiayn.serving.auth import check_api_key
+
+    if args.api_key is not None:
+        return check_api_key(args.api_key, "--api-key")
+    if API_KEY_ENV in environ:
+        return check_api_key(environ[API_KEY_ENV], f"${API_KEY_ENV}")
+    return None
+
+
+def cors_origins(args: argparse.Namespace) -> tuple[str, ...]:
+    from aiayn.serving.auth import check_cors_origin
+
+    return tuple(check_cors_origin(o) for o in args.cors_origins or ())
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``uvicorn.Config`` arguments that come from the command line."""
+    return {
+        "host": args.host, "port": args.port, "log_level": args.log_level, "access_log": args.access_log,
+        # Our timers close idle connections; uvicorn's keep-alive timer only backs them up.
+        "timeout_keep_alive": math.ceil(max(args.header_timeout, args.keep_alive_timeout)) + 1,
+        "timeout_graceful_shutdown": args.graceful_timeout,
+    }
+
+
+def _warn_if_exposed(host: str, key: str | None) -> None:
+    if _is_loopback(host):
+        return
+    if key is None:
+        print(f"aiayn serve: warning: listening on {host}, reachable from other machines, and anyone who can "
+              f"reach it may use it: set an API key (--api-key or ${API_KEY_ENV})", file=sys.stderr)
+    else:
+        print(f"aiayn serve: warning: listening on {host} over plain HTTP: the API key crosses the network "
+              "in clear unless a proxy terminates TLS in front of the server", file=sys.stderr)
 
 
 # File descriptors the process needs besides client connections (model files, logs, ...).
@@ -140,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         raise AiaynError(f"aiayn serve needs the 'serve' extra ({exc.name} is missing): "
                          "pip install 'aiayn[serve]'") from None
 
+    key, origins = api_key(args, os.environ), cors_origins(args)  # before the model loads: mistakes fail fast
     device = options.device(args)
     translator = _translator(args, device)
     settings = ServeSettings(
@@ -150,20 +211,15 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=str(args.checkpoint or args.ctranslate2),
         # As given, "auto" as resolved: what /v1/model reports.
         device=device.type if args.device == "auto" else args.device,
-        dtype=f"ctranslate2 {args.compute_type}" if args.ctranslate2 else args.dtype)
+        dtype=f"ctranslate2 {args.compute_type}" if args.ctranslate2 else args.dtype,
+        api_key=key, cors_origins=origins)
     app = create_app(translator, settings)
-    if not _is_loopback(args.host):
-        print(f"aiayn serve: warning: listening on {args.host}, reachable from other machines; "
-              "the service has no authentication", file=sys.stderr)
+    _warn_if_exposed(args.host, key)
     limits = ConnectionLimits(header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
                               max_connections=fit_file_limit(args.max_connections),
                               keep_alive_s=args.keep_alive_timeout)
     protocol = guarded_protocol(limits, app.state.metrics, retry_after_s=settings.retry_after_s)
-    # Our timers close idle connections; uvicorn's keep-alive timer only backs them up.
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, http=protocol,
-                            timeout_keep_alive=math.ceil(max(args.header_timeout, args.keep_alive_timeout)) + 1,
-                            timeout_graceful_shutdown=args.graceful_timeout, access_log=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn.Config(app, http=protocol, **uvicorn_options(args)))
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish,
     # then runs the app's shutdown (which drains the batcher's queue).
     server.run()

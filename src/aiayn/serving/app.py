@@ -4,12 +4,15 @@ CTranslate2 export).
 
 Endpoints: ``POST /v1/translate``, ``GET /v1/model``, ``GET /health``, ``GET /metrics``
 (Prometheus text), ``GET /`` (the attention page, from ``static/``) and FastAPI's
-``/docs`` + ``/openapi.json``.
+``/docs`` + ``/openapi.json``. With ``ServeSettings.api_key`` every path but ``/health``,
+the page and the documentation needs the key (:mod:`aiayn.serving.auth`); with
+``ServeSettings.cors_origins`` browsers on those origins may call the API.
 
 Every error is JSON ``{"error": CODE, "message": TEXT}`` with a 4xx/5xx status:
 
 =====  ======================  ====================================================
 400    ``malformed_json``      the body is not valid JSON
+401    ``unauthorized``        no API key, or a wrong one (with ``WWW-Authenticate``)
 413    ``body_too_large``      the body is over ``max_body_bytes``
 415    ``unsupported_media``   the body is not ``application/json``
 422    ``invalid_request``     a field has the wrong type or value (``details`` list)
@@ -36,21 +39,25 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.params import Depends
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from fastapi.security import APIKeyHeader, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
 from aiayn.inference.protocol import TranslatorProtocol
 from aiayn.inference.translator import Hypothesis, TranslationResult
+from aiayn.serving.auth import APIKeyMiddleware, check_api_key, check_cors_origin
 from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
-from aiayn.serving.metrics import ServerMetrics
+from aiayn.serving.metrics import CONTENT_TYPE, ServerMetrics
 from aiayn.serving.schemas import ErrorBody, RequestBase, TranslateRequest, TranslateResponse
 
 log = logging.getLogger(__name__)
@@ -87,6 +94,10 @@ class ServeSettings:
     checkpoint: str | None = None
     device: str = "cpu"
     dtype: str = "fp32"
+    # None: no authentication. Kept out of repr() so that it is not logged by accident.
+    api_key: str | None = field(default=None, repr=False)
+    # Origins (scheme://host[:port], or "*") whose pages may call the API; empty: no CORS headers.
+    cors_origins: tuple[str, ...] = ()
 
 
 class APIError(Exception):
@@ -267,18 +278,18 @@ class MetricsMiddleware:
                 status = message["status"]
             await send(message)
 
-        self.metrics.in_flight.inc(1)
+        self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            self.metrics.in_flight.inc(-1)
-            self.metrics.requests.inc(path=label, code=str(status))
-            self.metrics.latency.observe(time.perf_counter() - start, path=label)
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(code=str(status), path=label).inc()
+            self.metrics.latency.labels(path=label).observe(time.perf_counter() - start)
 
 
 def error_response(err: APIError, metrics: ServerMetrics | None = None) -> JSONResponse:
     if metrics is not None:
-        metrics.errors.inc(code=err.code, status=str(err.status))
+        metrics.errors.labels(code=err.code, status=str(err.status)).inc()
     body: dict[str, Any] = {"error": err.code, "message": err.message}
     if err.details:
         body["details"] = err.details
@@ -482,11 +493,34 @@ def create_app(translator: TranslatorProtocol, settings: ServeSettings | None = 
     app.state.metrics = metrics
     app.state.settings = settings
     add_exception_handlers(app, metrics)
-    add_routes(app, service, metrics)
-    # Outermost first in the request's path: metrics see everything, including 413s.
-    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    add_routes(app, service, metrics, protected=settings.api_key is not None)
+    add_middleware(app, settings, metrics)
     return app
+
+
+def add_middleware(app: FastAPI, settings: ServeSettings, metrics: ServerMetrics) -> None:
+    """In a request's path, outermost first: metrics (they see everything, 401s and 413s
+    included); CORS (it answers browsers' preflight requests, which never carry a key, and
+    adds its headers to every answer, 401s included, so that a page can read them); the API
+    key (checked before any of the body is read); the body limit."""
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes, metrics=metrics)
+    if settings.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, key=check_api_key(settings.api_key, "ServeSettings.api_key"),
+                           open_paths=open_paths(app), metrics=metrics)
+    if settings.cors_origins:
+        origins = [check_cors_origin(o, "ServeSettings.cors_origins") for o in settings.cors_origins]
+        # No allow_credentials: the key travels in a header the page sets, not in a cookie.
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "HEAD", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-API-Key"],
+                           expose_headers=["Retry-After"])
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+
+
+def open_paths(app: FastAPI) -> set[str]:
+    """The paths served without the API key (besides ``/static/``): the health check, and
+    the page and documentation, which are the same for everyone."""
+    paths = {"/", "/health", app.docs_url, app.redoc_url, app.openapi_url, app.swagger_ui_oauth2_redirect_url}
+    return {p for p in paths if p}
 
 
 def add_exception_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
@@ -514,27 +548,45 @@ def add_exception_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
                               metrics)
 
 
-def add_routes(app: FastAPI, service: TranslationService, metrics: ServerMetrics) -> None:
-    """The endpoints, the attention page and its static files."""
+def _key_schemes(protected: bool) -> dict[str, Any]:
+    """Route arguments declaring the API key in the OpenAPI schema, so that /docs offers an
+    Authorize button. The key is checked by :class:`APIKeyMiddleware`; these dependencies
+    only describe it (``auto_error=False``: they never refuse anything)."""
+    if not protected:
+        return {}
+    schemes: list[Depends] = [
+        Security(HTTPBearer(auto_error=False, description="Authorization: Bearer KEY")),
+        Security(APIKeyHeader(name="X-API-Key", auto_error=False, description="or X-API-Key: KEY"))]
+    return {"dependencies": schemes,
+            "responses": {401: {"model": ErrorBody, "description": "no API key, or a wrong one"}}}
+
+
+def add_routes(app: FastAPI, service: TranslationService, metrics: ServerMetrics, protected: bool = False) -> None:
+    """The endpoints, the attention page and its static files (``protected``: the API key
+    is required, and declared in the OpenAPI schema)."""
+    key = _key_schemes(protected)
 
     @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True,
-              summary="Translate texts", tags=["translation"])
+              summary="Translate texts", tags=["translation"], **key)
     async def translate(req: TranslateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         return await service.translate(req)
 
-    @app.get("/v1/model", summary="Model configuration, languages, vocabulary, parameters", tags=["model"])
+    @app.get("/v1/model", summary="Model configuration, languages, vocabulary, parameters", tags=["model"], **key)
     async def model_info() -> dict[str, Any]:
         return service.model_info()
 
-    @app.api_route("/health", methods=["GET", "HEAD"], summary="Liveness", tags=["ops"])
+    # HEAD is left out of the schema: one route with both methods gives OpenAPI two
+    # operations with the same id.
+    @app.head("/health", include_in_schema=False)
+    @app.get("/health", summary="Liveness (GET or HEAD)", tags=["ops"])
     async def health() -> JSONResponse:
         if service.closing:
             return JSONResponse({"status": "shutting_down"}, status_code=503)
         return JSONResponse({"status": "ok", "queue": service.batcher.depth})
 
-    @app.get("/metrics", summary="Prometheus metrics", tags=["ops"], response_class=PlainTextResponse)
-    async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    @app.get("/metrics", summary="Prometheus metrics", tags=["ops"], response_class=PlainTextResponse, **key)
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:

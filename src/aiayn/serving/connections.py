@@ -221,7 +221,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def _count(self, what: str, **labels: str) -> None:
         if self.metrics is not None:
-            getattr(self.metrics, f"connections_{what}").inc(**labels)
+            getattr(self.metrics, f"connections_{what}").labels(**labels).inc()
 
 
 def guarded_protocol(limits: ConnectionLimits, metrics: ServerMetrics | None = None,

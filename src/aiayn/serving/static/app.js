@@ -7,6 +7,8 @@
   const $ = (id) => document.getElementById(id);
   const SVG_NS = "http://www.w3.org/2000/svg";
   const AVERAGE = "avg";
+  // Where the API key lives (aiayn serve --api-key): this tab only, gone when it closes.
+  const KEY_STORAGE = "aiayn-api-key";
   let attention = null; // {src_tokens, tgt_tokens, layers, heads, weights[L][H][T][S]}
 
   // Viridis (matplotlib's default map) sampled at 9 points; linear in between. The same
@@ -37,10 +39,38 @@
     box.hidden = !message;
   }
 
+  // fetch() with the API key, if one was given; a 401 shows the key form.
+  async function api(path, options) {
+    const key = sessionStorage.getItem(KEY_STORAGE);
+    const headers = Object.assign({}, (options || {}).headers);
+    if (key) headers.Authorization = `Bearer ${key}`;
+    const res = await fetch(path, Object.assign({}, options, { headers }));
+    if (res.status === 401) {
+      $("auth-message").textContent = key
+        ? "The server refused this API key: enter the right one."
+        : "This server needs an API key (aiayn serve --api-key).";
+      $("auth-panel").hidden = false;
+      $("api-key").focus();
+    }
+    return res;
+  }
+
+  function useKey(event) {
+    event.preventDefault();
+    const key = $("api-key").value.trim();
+    if (!key) return;
+    sessionStorage.setItem(KEY_STORAGE, key);
+    $("api-key").value = "";
+    $("auth-panel").hidden = true;
+    showError("");
+    loadModelInfo();
+  }
+
   async function loadModelInfo() {
     try {
-      const res = await fetch("/v1/model");
+      const res = await api("/v1/model");
       const info = await res.json();
+      if (!res.ok) throw new Error(info.message || `HTTP ${res.status}`);
       const langs = info.languages || {};
       $("src-lang").textContent = langs.source ? `(${langs.source})` : "";
       $("tgt-lang").textContent = langs.target ? `(${langs.target})` : "";
@@ -73,7 +103,7 @@
       const body = { texts: [text], attention: true };
       const beam = parseInt($("beam").value, 10);
       if (Number.isInteger(beam) && beam > 0) body.beam = beam;
-      const res = await fetch("/v1/translate", {
+      const res = await api("/v1/translate", {
         method: "POST",
         headers: { "Content-Type": "application/json" },
         body: JSON.stringify(body),
@@ -192,6 +222,7 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     $("translate").addEventListener("click", translate);
+    $("auth-form").addEventListener("submit", useKey);
     $("source").addEventListener("keydown", (e) => {
       if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) translate();
     });

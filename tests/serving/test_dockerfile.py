@@ -1,0 +1,194 @@
+"""The CPU image of `aiayn serve` (Dockerfile, .dockerignore at the repository root).
+
+Checked statically everywhere: what it installs and in which order, that it runs as a
+user other than root, that its command line is one `aiayn serve` accepts (parsed by
+aiayn's own parser), and that the health check and the exposed port agree with it. Built,
+run and probed on /health only where a Docker daemon answers (`docker info`)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli.main import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILE = REPO / "Dockerfile"
+DOCKERIGNORE = REPO / ".dockerignore"
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_PIN = "torch==2.13.0"
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) in order, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, rest = line.partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+    assert not pending, "the Dockerfile ends in a continuation line"
+    return out
+
+
+@pytest.fixture(scope="module")
+def steps() -> list[tuple[str, str]]:
+    return instructions(DOCKERFILE.read_text(encoding="utf-8"))
+
+
+def one(steps: list[tuple[str, str]], keyword: str) -> str:
+    found = [args for k, args in steps if k == keyword]
+    assert len(found) == 1, f"{keyword}: {found}"
+    return found[0]
+
+
+def index(steps: list[tuple[str, str]], keyword: str, needle: str) -> int:
+    hits = [i for i, (k, args) in enumerate(steps) if k == keyword and needle in args]
+    assert hits, f"no {keyword} with {needle!r}"
+    return hits[0]
+
+
+def command_line(steps: list[tuple[str, str]]) -> list[str]:
+    """ENTRYPOINT + CMD, as `docker run IMAGE` runs them (both must be in JSON form: the
+    shell form would run under /bin/sh, which would receive SIGTERM instead of uvicorn)."""
+    return json.loads(one(steps, "ENTRYPOINT")) + json.loads(one(steps, "CMD"))
+
+
+def test_base_image_and_install_order(steps: list[tuple[str, str]]) -> None:
+    assert one(steps, "FROM") == "python:3.11-slim"
+    torch = index(steps, "RUN", TORCH_PIN)
+    run = steps[torch][1]
+    assert f"--index-url {TORCH_INDEX}" in run
+    serve = index(steps, "RUN", '".[serve]"')
+    # torch before the package: otherwise pip would pull the CUDA build from PyPI.
+    assert torch < serve
+    assert index(steps, "COPY", "pyproject.toml") < serve and index(steps, "COPY", "src") < serve
+
+
+def test_copied_files_exist_and_reach_the_build_context(steps: list[tuple[str, str]]) -> None:
+    patterns = [p.strip() for p in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+                if p.strip() and not p.startswith("#")]
+    for _, args in (s for s in steps if s[0] == "COPY"):
+        for source in shlex.split(args)[:-1]:
+            assert (REPO / source).exists(), source
+            assert not ignored(source, patterns), f"{source} is excluded by .dockerignore"
+    for heavy in (".venv", ".git", "runs", "data-bin", "src/aiayn/__pycache__/x.pyc", ".env"):
+        assert ignored(heavy, patterns), f".dockerignore lets {heavy} into the build context"
+    assert not ignored("src/aiayn/serving/static/app.js", patterns)
+
+
+def ignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides
+    (``!`` re-includes); ``**`` matches any number of directories."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    verdict = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        body = pattern.lstrip("!").strip("/")
+        if any(_match(p, body) for p in prefixes):
+            verdict = not negate
+    return verdict
+
+
+def _match(path: str, pattern: str) -> bool:
+    if pattern.startswith("**/"):
+        return any(fnmatch.fnmatchcase("/".join(path.split("/")[i:]), pattern[3:])
+                   for i in range(len(path.split("/"))))
+    return fnmatch.fnmatchcase(path, pattern) and path.count("/") == pattern.count("/")
+
+
+def test_runs_as_a_user_other_than_root(steps: list[tuple[str, str]]) -> None:
+    user = one(steps, "USER")
+    assert user.split(":")[0] not in ("root", "0")
+    keywords = [k for k, _ in steps]
+    installs = [i for i, (k, args) in enumerate(steps) if k == "RUN" and "pip install" in args]
+    assert max(installs) < keywords.index("USER") < keywords.index("ENTRYPOINT")
+
+
+def test_the_command_line_is_one_aiayn_serve_accepts(steps: list[tuple[str, str]]) -> None:
+    argv = command_line(steps)
+    assert argv[:2] == ["aiayn", "serve"]
+    try:
+        args = build_parser().parse_args(argv[1:])
+    except SystemExit as exc:  # argparse has printed which flag it did not know
+        pytest.fail(f"aiayn does not accept the image's command line {argv}: exit {exc.code}")
+    assert args.command == "serve"
+    assert args.host == "0.0.0.0"  # reachable through the container's published port
+    # The checkpoint is a volume, mounted at run time.
+    volumes = json.loads(one(steps, "VOLUME"))
+    assert args.checkpoint in volumes
+    assert one(steps, "EXPOSE") == str(args.port)
+    health = one(steps, "HEALTHCHECK")
+    assert f"http://127.0.0.1:{args.port}/health" in health
+    assert health.split(" CMD ", 1)[1].startswith("[")  # exec form: no shell in the image is needed
+
+
+def _docker_unavailable() -> str | None:
+    if shutil.which("docker") is None:
+        return "no docker client installed"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "`docker info` did not answer within 60 s"
+    if info.returncode != 0:
+        last = (info.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"no Docker daemon (`docker info`: {last})"
+    return None
+
+
+def docker(*args: str, timeout: float = 120) -> str:
+    r = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"docker {' '.join(args)}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[str]:
+    reason = _docker_unavailable()
+    if reason:
+        pytest.skip(reason)
+    tag = f"aiayn-serve-test:{uuid.uuid4().hex[:8]}"
+    docker("build", "-t", tag, str(REPO), timeout=1800)
+    try:
+        yield tag
+    finally:
+        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
+def test_the_image_serves_a_mounted_checkpoint(image: str, tiny_checkpoint: Path) -> None:
+    httpx = pytest.importorskip("httpx")
+    cid = docker("run", "-d", "-p", "127.0.0.1::8000", "--health-interval", "1s", "--health-start-period", "120s",
+                 "-v", f"{tiny_checkpoint}:/model:ro", image, "--checkpoint", "/model", "--threads", "1")
+    try:
+        url = "http://" + docker("port", cid, "8000").splitlines()[0]
+        status = ""
+        deadline = time.monotonic() + 300
+        while status != "healthy":  # the image's own HEALTHCHECK, run by the daemon
+            assert time.monotonic() < deadline, docker("logs", cid)
+            status = docker("inspect", "--format", "{{.State.Health.Status}}", cid)
+            assert status in ("starting", "healthy"), docker("logs", cid)
+            time.sleep(1)
+        assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
+        r = httpx.post(f"{url}/v1/translate", json={"texts": ["a b c"]}, timeout=120)
+        assert r.status_code == 200 and len(r.json()["translations"]) == 1
+        assert docker("exec", cid, "id", "-u") != "0"
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=120)
