@@ -101,8 +101,9 @@ def test_every_compute_command_applies_threads_before_it_runs(monkeypatch: pytes
     monkeypatch.setattr(cli, "build_parser", lambda: parser)
     monkeypatch.setattr(parser, "parse_args", parse_args)
     monkeypatch.setenv("AIAYN_NUM_THREADS", "2")
-    required = {"train": [], "translate": ["--checkpoint", "x"], "evaluate": [], "parse": ["--checkpoint", "x"],
-                "serve": ["--checkpoint", "x"], "plot attention": ["--checkpoint", "x", "--text", "a"], "demo": []}[command]
+    checkpoint = ["--checkpoint", "x"]
+    required = {"train": [], "translate": checkpoint, "evaluate": [], "parse": checkpoint, "serve": checkpoint,
+                "plot attention": [*checkpoint, "--text", "a"], "demo": []}[command]
     before = torch.get_num_threads()
     try:
         with pytest.raises(SystemExit) as exit_:

@@ -24,3 +24,7 @@ class DataError(AiaynError):
 
 class CheckpointError(AiaynError):
     """A missing, incomplete or corrupted checkpoint."""
+
+
+class InteropError(AiaynError):
+    """A model or directory that cannot be converted (HF MarianMT, CTranslate2), with the reason."""

@@ -51,7 +51,7 @@ from torch import Tensor
 
 from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint, save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
-from aiayn.errors import AiaynError
+from aiayn.errors import InteropError
 from aiayn.fileio import atomic_dir, check_empty_dir
 from aiayn.interop import spm_proto
 from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
@@ -72,10 +72,6 @@ PAD_LOGIT_BIAS = -100.0
 HF_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which HF Marian does not configure
 MARIAN_FILES = ("config.json", "vocab.json", "source.spm", "target.spm")
 _LANG_CODE = re.compile(r"^>>.+<<$")
-
-
-class InteropError(AiaynError):
-    """A model or directory that cannot be converted, with the reason."""
 
 
 def require(module: str) -> Any:
