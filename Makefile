@@ -3,15 +3,19 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
+# Where torch comes from: PyPI by default (its Linux wheel for this pin is the CPU build here);
+# e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU-only wheel anywhere, or
+# https://download.pytorch.org/whl/cu128 for CUDA 12.8.
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow lint bench multi30k clean install
+.PHONY: demo test test-slow lint bench multi30k clean install docs
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q -e .
@@ -19,6 +23,10 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 
 $(VENV)/.installed-dev: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q -e ".[dev,serve,interop,bench]"
+	touch $@
+
+$(VENV)/.installed-docs: $(BIN)/activate pyproject.toml
+	$(BIN)/pip install -q -e ".[docs]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -40,8 +48,12 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cpu_train.py
 	$(BIN)/python benchmarks/cpu_decode.py
 
+# The site (docs/*.md and the API reference from the docstrings) into site/.
+docs: $(VENV)/.installed-docs
+	$(BIN)/mkdocs build --strict --site-dir site
+
 multi30k: $(VENV)/.installed
 	bash scripts/multi30k.sh
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache

@@ -500,6 +500,19 @@ def load_tokenizer_dir(directory: Path) -> Tokenizer | None:
 
 @dataclass
 class LoadedCheckpoint:
+    """A checkpoint read back by [load_checkpoint][aiayn.checkpoint.io.load_checkpoint].
+
+    Attributes:
+        model: The Transformer with the checkpoint's weights, in eval mode, on the device
+            asked for.
+        config: The whole experiment it was trained with (``config.yaml``).
+        tokenizer: Its SentencePiece tokenizer; None if it was saved without one.
+        state: ``state.json``: ``step``, ``epoch``, best metric, versions, ...
+        path: The checkpoint directory that was read.
+        optimizer_state: The optimizer's state (``load_state_dict``-ready), with
+            ``load_optimizer=True``.
+    """
+
     model: Transformer  # in eval mode, on the requested device
     config: Config
     tokenizer: Tokenizer | None
@@ -513,7 +526,26 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
                     load_optimizer: bool = False, verify: bool = True) -> LoadedCheckpoint:
     """Verify checksums, rebuild the model from config.yaml and load its weights.
 
-    ``path`` is anything :func:`resolve_checkpoint` accepts. Nothing is unpickled.
+    Nothing is unpickled: the weights are safetensors, the rest YAML and JSON.
+
+    Args:
+        path: A checkpoint directory, a run directory or its ``checkpoints`` directory
+            (the checkpoint ``last`` names), or a ``last``/``best`` pointer file.
+        device: Where the model goes (``cpu``, ``cuda``, ``cuda:N``).
+        load_optimizer: Also read the optimizer's state (to continue training).
+        verify: Check every file against ``checksums.sha256`` first.
+
+    Returns:
+        The model, configuration, tokenizer and state.
+
+    Raises:
+        CheckpointError: No checkpoint at ``path``, or an incomplete or corrupted one.
+
+    Example:
+        ```python
+        loaded = load_checkpoint("runs/mine")
+        loaded.state["step"], loaded.config.model.d_model
+        ```
     """
 
     ckpt = resolve_checkpoint(path)

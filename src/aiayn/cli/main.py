@@ -10,6 +10,7 @@ import importlib
 import logging
 import sys
 
+import aiayn
 from aiayn.errors import AiaynError
 from aiayn.runtime import set_threads, tune_allocator
 
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiayn", description="The Transformer of 'Attention Is All You Need' for translation.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"aiayn {aiayn.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in SUBCOMMANDS:

@@ -58,7 +58,15 @@ def ptb_escape(word: str) -> str:
 
 @dataclass
 class ParseResult:
-    """The parse of one sentence."""
+    """The parse of one sentence.
+
+    Attributes:
+        words: The sentence's words, PTB-escaped: the leaves of ``tree``.
+        tree: The tree over ``words`` (``aiayn.data.trees.tree_to_string`` writes it in
+            PTB bracket notation); None only for a sentence without words.
+        tokens: The predicted linearization, as decoded.
+        repaired: The prediction was not one well-formed tree over the words.
+    """
 
     words: list[str]
     tree: Tree | None  # None only for a sentence without words
@@ -76,14 +84,16 @@ def to_tree(tokens: Sequence[str], words: Sequence[str], placeholder: str = PLAC
 
 
 class Parser:
-    """A :class:`Translator` trained on linearized trees, plus the rebuild into trees.
+    """A [Translator][aiayn.inference.translator.Translator] trained on linearized trees,
+    plus the rebuild into trees.
 
-    Decoding uses :data:`PARSING_DECODE` (the paper's parsing settings) over the
-    checkpoint's ``decode`` section; keyword overrides to :meth:`parse` win over both.
+    Decoding uses ``PARSING_DECODE`` (the paper's parsing settings: beam 21, alpha 0.3,
+    output length up to input length + 300) over the checkpoint's ``decode`` section;
+    keyword overrides to [parse][aiayn.inference.parsing.Parser.parse] win over both.
     """
 
     def __init__(self, translator: Translator, placeholder: str = PLACEHOLDER, target: str | None = None) -> None:
-        """``target``: what stands for a word in the model's trees (:data:`~aiayn.data.trees.TARGETS`);
+        """``target``: what stands for a word in the model's trees (``aiayn.data.trees.TARGETS``);
         by default the checkpoint's ``data.parsing_target`` (placeholders for older ones)."""
         self.translator = translator
         self.placeholder = placeholder
@@ -97,8 +107,31 @@ class Parser:
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "cpu",
                         dtype: str = "fp32") -> Parser:
-        """Load a checkpoint (several paths: averaged weights, see :class:`Translator`);
-        a checkpoint whose target vocabulary has no tree symbols is refused."""
+        """Load a parsing checkpoint (trained with ``configs/ptb_parsing.yaml``).
+
+        Args:
+            path: What [Translator.from_checkpoint][aiayn.inference.translator.Translator.from_checkpoint]
+                accepts; several paths: their weights are averaged.
+            device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
+            dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
+
+        Returns:
+            The parser.
+
+        Raises:
+            DataError: The checkpoint's target vocabulary has no tree symbols (it is not a
+                parser).
+            CheckpointError: A missing, incomplete or corrupted checkpoint.
+
+        Example:
+            ```python
+            from aiayn.data.trees import tree_to_string
+
+            parser = Parser.from_checkpoint("runs/ptb_parsing/averaged")
+            result = parser.parse(["Ms. Haag plays Elianti ."])[0]
+            tree_to_string(result.tree)  # "(S (NP (XX Ms.) (XX Haag)) (VP (XX plays) ...) (XX .))"
+            ```
+        """
         parser = cls(Translator.from_checkpoint(path, device=device, dtype=dtype))
         try:
             _ = parser.tree_vocab  # read once here: a checkpoint that is not a parser fails at load
@@ -161,12 +194,13 @@ class Parser:
               **decode_overrides: Any) -> list[ParseResult]:
         """Parse each sentence (a string of space-separated words, or a list of words).
 
-        Words are PTB-escaped (:func:`ptb_escape`) before decoding. Returns one
-        :class:`ParseResult` per sentence, in input order; a sentence without words gets
-        ``tree=None``. ``progress`` is called with the number of sentences done per batch.
-        ``constrained`` (default): the search may only produce well-formed trees over exactly
-        the sentence's words (:class:`~aiayn.inference.constraints.TreeConstraint`), so no
-        output needs a repair; False decodes freely and repairs (the paper's setting).
+        Words are PTB-escaped (``ptb_escape``: ``(`` -> ``-LRB-`` ...) before decoding.
+        Returns one [ParseResult][aiayn.inference.parsing.ParseResult] per sentence, in
+        input order; a sentence without words gets ``tree=None``. ``progress`` is called
+        with the number of sentences done per batch. ``constrained`` (default): the search
+        may only produce well-formed trees over exactly the sentence's words
+        (``aiayn.inference.constraints.TreeConstraint``), so no output needs a repair;
+        False decodes freely and repairs (the paper's setting).
         """
         settings = self.decode_settings(**decode_overrides)
         word_lists = [[ptb_escape(w) for w in (s.split() if isinstance(s, str) else s)] for s in sentences]
