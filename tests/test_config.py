@@ -37,6 +37,19 @@ def test_paper_defaults_in_train_and_decode() -> None:
     assert (cfg.decode.beam, cfg.decode.lenpen, cfg.decode.max_len_a, cfg.decode.max_len_b) == (4, 0.6, 1.0, 50)
 
 
+def test_watching_defaults_and_round_trip(tmp_path: Path) -> None:
+    """metrics.jsonl only, no early stopping; a list of loggers survives config.yaml."""
+    train = Config().train
+    assert (train.loggers, train.patience, train.tensorboard) == (("jsonl",), 0, False)
+    assert (train.wandb_project, train.wandb_run_name) == ("aiayn", None)
+    cfg = apply_overrides(Config(), ["train.loggers=[jsonl, tensorboard, wandb]", "train.patience=5",
+                                     "train.wandb_run_name=base-1"])
+    save_config(cfg, tmp_path / "c.yaml")
+    again = load_config(tmp_path / "c.yaml")
+    assert again.train.loggers == ("jsonl", "tensorboard", "wandb") and again.train.patience == 5
+    assert again.train.wandb_run_name == "base-1"
+
+
 def test_yaml_round_trip(tmp_path: Path) -> None:
     cfg = apply_overrides(Config(), ["model.n_heads=16", "model.d_head=32", "train.adam_betas=[0.9, 0.997]",
                                      "data.dataset=multi30k", "model.positions=learned"])
@@ -83,6 +96,10 @@ def test_overrides_typed() -> None:
     ("train.max_tokens=0", "train.max_tokens"),
     ("train.adam_betas=[0.9]", "train.adam_betas"),
     ("train.lr_schedule=cosine", "train.lr_schedule"),
+    ("train.loggers=[jsonl, mlflow]", "train.loggers"),
+    ("train.loggers=wandb", "train.loggers"),           # a list, not a name
+    ("train.patience=-1", "train.patience"),
+    ("train.wandb_project=''", "train.wandb_project"),
     ("decode.beam=0", "decode.beam"),
     ("decode.nbest=5", "decode.nbest"),
     ("decode.lenpen_style=marian", "decode.lenpen_style"),

@@ -244,6 +244,10 @@ class DataConfig:
 # ------------------------------------------------------------------------ training
 
 
+# What train.loggers may name (aiayn.training.loggers); jsonl is written either way.
+TRAIN_LOGGERS = ("jsonl", "tensorboard", "wandb")
+
+
 @dataclass
 class TrainConfig:
     """The paper's recipe (section 5) by default."""
@@ -287,7 +291,17 @@ class TrainConfig:
     keep_last: int = 5
     best_metric: str = "valid_loss"  # valid_loss | valid_ppl | valid_bleu
     max_nonfinite: int = 10  # stop after this many consecutive non-finite losses
+    # Early stopping (fairseq --patience): stop once best_metric has not improved for this
+    # many validations in a row; 0 = off. Needs validation (valid_every).
+    patience: int = 0
+    # Where the training scalars go (docs/training.md). metrics.jsonl is always written,
+    # listed or not; tensorboard and wandb need their extras (pip install "aiayn[wandb]").
+    loggers: tuple[str, ...] = ("jsonl",)
+    # Deprecated spelling of loggers: [jsonl, tensorboard]; kept because the config.yaml of
+    # every earlier checkpoint holds it.
     tensorboard: bool = False
+    wandb_project: str = "aiayn"
+    wandb_run_name: str | None = None  # None: the run directory's name
     num_workers: int = 0
     # Adam kernels: auto (fused on CUDA, foreach on CPU) | fused | foreach | loop.
     optimizer_impl: str = "auto"
@@ -327,6 +341,22 @@ class TrainConfig:
             raise ConfigError(f"{prefix}.weight_decay / clip_norm: must not be negative")
         if self.max_nonfinite < 1:
             raise ConfigError(f"{prefix}.max_nonfinite: must be at least 1")
+        self._validate_watching(prefix)
+
+    def _validate_watching(self, prefix: str) -> None:
+        """The loggers and early stopping."""
+        for name in self.loggers:
+            _choice(prefix, "loggers", name, TRAIN_LOGGERS)
+        if not self.wandb_project:
+            raise ConfigError(f"{prefix}.wandb_project: must not be empty")
+        if self.patience < 0:
+            raise ConfigError(f"{prefix}.patience: must not be negative, got {self.patience}")
+        if self.patience and not self.valid_every:
+            raise ConfigError(f"{prefix}.patience: early stopping counts validations, but "
+                              f"{prefix}.valid_every is 0 (no validation)")
+        if self.patience and self.best_metric == "valid_bleu" and not self.valid_bleu:
+            raise ConfigError(f"{prefix}.patience: best_metric valid_bleu is never computed "
+                              f"without {prefix}.valid_bleu: true")
 
 
 # ------------------------------------------------------------------------ decoding

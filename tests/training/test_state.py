@@ -15,6 +15,8 @@ from aiayn.training.trainer import Trainer
 KEYS = ["step", "epoch", "data", "scheduler", "rng", "rng_per_rank", "world_size", "scaler",
         "nonfinite", "tokens_seen", "elapsed", "best", "last_valid"]
 NONFINITE_KEYS = ["consecutive", "total", "fp16_overflows"]
+# Keys added since, after the others, with the value an older state.json reads back as.
+ADDED = {"validations_since_best": 0}
 
 
 def _old_format_state(rng: dict) -> dict:
@@ -37,9 +39,9 @@ def test_json_round_trip_keeps_the_layout():
     assert state.nonfinite == NonfiniteCounts(consecutive=1, total=2, fp16_overflows=0)
     assert state.best == {"metric": "valid_loss", "value": 1.25, "step": 4}
     out = state.to_json()
-    assert list(out) == KEYS and list(out["nonfinite"]) == NONFINITE_KEYS
+    assert list(out) == KEYS + list(ADDED) and list(out["nonfinite"]) == NONFINITE_KEYS
     # Everything the trainer wrote comes back; the checkpoint's own keys are not state.
-    assert out == {k: v for k, v in old.items() if k in KEYS}
+    assert out == {**{k: v for k, v in old.items() if k in KEYS}, **ADDED}
 
 
 def test_missing_keys_keep_their_defaults():
@@ -76,7 +78,7 @@ def test_trainer_writes_the_same_state_json_layout(make_cfg, make_task, tmp_path
     tr = _trainer(cfg, tmp_path, make_task(n=40))
     tr.train()
     state = json.loads((ck.resolve_checkpoint(tmp_path) / ck.STATE_FILE).read_text())
-    assert list(state) == [*KEYS, "format_version", "torch_version", "saved_at"]
+    assert list(state) == [*KEYS, *ADDED, "format_version", "torch_version", "saved_at"]
     assert list(state["nonfinite"]) == NONFINITE_KEYS
     assert state["step"] == 3 and state["data"] == tr.train_batches.state_dict()
     assert state["epoch"] == state["data"]["epoch"] and state["world_size"] == 1
@@ -97,7 +99,7 @@ def test_a_checkpoint_in_the_old_format_resumes(make_cfg, make_task, tmp_path):
     tr = _trainer(cfg, tmp_path / "run", task)
     tr.load(path)
     assert torch.equal(torch.rand(3), expected)
-    assert tr.state.to_json() == _old_format_state(rng)
+    assert tr.state.to_json() == {**_old_format_state(rng), **ADDED}
     assert tr.train_batches.state_dict() == {"epoch": 2, "offset": 1}
     assert tr.elapsed() == 12.5
     for a, b in zip(src.model.state_dict().values(), tr.model.state_dict().values()):

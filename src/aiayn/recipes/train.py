@@ -31,6 +31,7 @@ from aiayn.inference.translator import Translator
 from aiayn.model import Transformer, build_model
 from aiayn.runtime import set_threads
 from aiayn.training.distributed import DistInfo, barrier, cleanup, init_distributed
+from aiayn.training.loggers import check_available
 from aiayn.training.optim import build_optimizer
 from aiayn.training.trainer import Trainer
 from aiayn.training.validation import BleuFn
@@ -219,6 +220,7 @@ def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = N
     CPU threads (None: ``$AIAYN_NUM_THREADS``, else torch's choice)."""
     set_threads(threads)
     _check_fp16(cfg)
+    check_available(cfg.train)  # a logger's missing package: before any data is prepared
     info, device = init_distributed(cfg.train.device)
     run_dir = Path(run_dir)
     handler = None

@@ -1,4 +1,5 @@
-"""Training metrics: ``metrics.jsonl`` in the run directory, optionally TensorBoard.
+"""Training metrics: ``metrics.jsonl`` in the run directory, and the loggers of
+``train.loggers`` (TensorBoard, W&B: :mod:`aiayn.training.loggers`).
 
 One JSON object per line. Training records (``"split": "train"``) carry step, epoch,
 loss, nll, ppl, lr, grad_norm, tokens_per_s (target tokens), elapsed, and the batch size as
@@ -8,7 +9,8 @@ updates) and pad_fraction (pad positions / all positions of the src and tgt_out 
 validation records
 (``"split": "valid"``) carry step, epoch, valid_loss, valid_nll, valid_ppl (and
 valid_bleu when computed), elapsed. Losses are per target token in nats; ``ppl`` is
-``exp(nll)``, from the NLL, not the label-smoothed loss.
+``exp(nll)``, from the NLL, not the label-smoothed loss. The other loggers get the same
+numbers as ``train/<name>`` and ``valid/<name>`` (``valid/loss`` for ``valid_loss``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import ConfigError
 from aiayn.fileio import write_atomic
+from aiayn.training.loggers import ScalarLogger, close_all, scalar_tags
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +35,17 @@ def perplexity(nll_per_token: float) -> float:
 
 
 class MetricsLog:
-    """Appends records to ``run_dir/metrics.jsonl`` (and TensorBoard); a no-op when disabled."""
+    """Appends records to ``run_dir/metrics.jsonl`` and hands their scalars to the attached
+    loggers; a no-op when disabled (no run directory, or not the main process)."""
 
-    def __init__(self, run_dir: str | Path | None, enabled: bool = True,
-                 tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: str | Path | None, enabled: bool = True) -> None:
         self.enabled = enabled and run_dir is not None
         self.path = Path(run_dir) / METRICS_FILE if run_dir is not None else None
-        self._tb = None
-        if self.enabled and tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise ConfigError("train.tensorboard: the tensorboard package is not installed "
-                                  "(pip install tensorboard), or set train.tensorboard=false") from None
-            self._tb = SummaryWriter(log_dir=str(Path(str(run_dir)) / "tensorboard"))
+        self.loggers: list[ScalarLogger] = []
+
+    def attach(self, loggers: list[ScalarLogger]) -> None:
+        """Loggers to write to as well, until :meth:`close`."""
+        self.loggers.extend(loggers)
 
     def truncate_after(self, step: int) -> None:
         """Drop records beyond ``step``: they came from a run that was killed after its last
@@ -73,15 +72,12 @@ class MetricsLog:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            split = record.get("split", "train")
-            for key, value in record.items():
-                if key in ("step", "split") or not isinstance(value, (int, float)):
-                    continue
-                tag = key if key.startswith(split) else f"{split}/{key}"
-                self._tb.add_scalar(tag, value, record["step"])
+        if self.loggers:
+            scalars = scalar_tags(record)
+            for logger in self.loggers:
+                logger.log(scalars, int(record["step"]))
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        """Close the attached loggers (metrics.jsonl is opened per record)."""
+        loggers, self.loggers = self.loggers, []
+        close_all(loggers)

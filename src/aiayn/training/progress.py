@@ -1,5 +1,6 @@
-"""What a run reports: the result of each update, the training record of each log interval,
-the optional tqdm progress bar, and the summary at the end."""
+"""What a run reports: the result of each update, the training record of each log interval
+(with the time elapsed and an estimate of the time left), the optional tqdm progress bar,
+and the summary at the end."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from aiayn.training.metrics import perplexity
 from aiayn.training.state import TrainerState
+from aiayn.training.stopping import StoppingRules
 
 
 @dataclass
@@ -41,7 +43,7 @@ class Interval:
     padded: int = 0
     steps: int = 0
     grad_norm: float = 0.0  # the last update's
-    start: float = field(default_factory=time.monotonic)
+    start: float = field(default_factory=lambda: time.monotonic())  # looked up per call: tests fake the clock
 
     def add(self, result: StepResult) -> None:
         self.loss += result.loss_sum
@@ -52,11 +54,15 @@ class Interval:
         self.steps += 1
         self.grad_norm = result.grad_norm
 
+    def seconds(self) -> float:
+        """Wall time since the interval began (validations and saves within it included)."""
+        return max(time.monotonic() - self.start, 1e-9)
+
     def record(self, step: int, epoch: float, lr: float, elapsed: float) -> dict[str, Any]:
         """The ``metrics.jsonl`` record: per-token averages over the interval, and the real
         tokens per update (means over its updates) with the share of padding."""
         tokens = max(self.tokens, 1)
-        seconds = max(time.monotonic() - self.start, 1e-9)
+        seconds = self.seconds()
         nll = self.nll / tokens
         steps = max(self.steps, 1)
         real = self.src_tokens + self.tokens
@@ -70,16 +76,53 @@ class Interval:
         }
 
 
-def show_train_record(record: dict[str, Any], bar: Any, log: logging.Logger) -> None:
-    """The record on the progress bar (if any) and as a log line."""
+def show_train_record(record: dict[str, Any], bar: Any, log: logging.Logger,
+                      left: tuple[float, str] | None = None) -> None:
+    """The record on the progress bar (if any) and as a log line, which ends with the time
+    elapsed and ``left`` (:func:`time_left`) when there is an estimate."""
     if bar is not None:
         bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
                         tok_s=f"{record['tokens_per_s']:.0f}", refresh=False)
     log.info("step %d | epoch %.2f | loss %.4f | nll %.4f | ppl %.2f | lr %.3e | "
-             "gnorm %.3f | %.0f tok/s | %.0f src + %.0f tgt tok/update | pad %.1f%%",
+             "gnorm %.3f | %.0f tok/s | %.0f src + %.0f tgt tok/update | pad %.1f%% | %s",
              record["step"], record["epoch"], record["loss"], record["nll"], record["ppl"], record["lr"],
              record["grad_norm"], record["tokens_per_s"], record["src_tokens_per_update"],
-             record["tgt_tokens_per_update"], 100.0 * record["pad_fraction"])
+             record["tgt_tokens_per_update"], 100.0 * record["pad_fraction"],
+             timing_text(record["elapsed"], left))
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS`` (hours unbounded: ``27:03:04``), rounded to the second."""
+    minutes, secs = divmod(round(max(seconds, 0.0)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def timing_text(elapsed: float, left: tuple[float, str] | None) -> str:
+    """``elapsed 0:01:40 | eta 0:15:00 (max_steps)``: the limit named is the one expected to
+    end the run first."""
+    text = f"elapsed {format_duration(elapsed)}"
+    return text if left is None else f"{text} | eta {format_duration(left[0])} ({left[1]})"
+
+
+def time_left(rules: StoppingRules, *, step: int, epoch: float, elapsed: float, seconds_per_step: float,
+              updates_per_epoch: int | None) -> tuple[float, str] | None:
+    """Seconds until the first limit ends the run, and its name; None without a limit.
+
+    ``max_steps`` and ``max_epochs`` (when the updates of an epoch are known) count the
+    updates left at ``seconds_per_step`` (the recent rate); ``max_time_minutes`` is the
+    budget left. ``epoch`` is fractional (1.5: half-way through the second)."""
+    left = []
+    if rules.max_steps:
+        left.append(((rules.max_steps - step) * seconds_per_step, "max_steps"))
+    if rules.max_epochs and updates_per_epoch:
+        left.append(((rules.max_epochs - epoch) * updates_per_epoch * seconds_per_step, "max_epochs"))
+    if rules.max_time_minutes:
+        left.append((rules.max_time_minutes * 60 - elapsed, "max_time"))
+    if not left:
+        return None
+    seconds, limit = min(left)
+    return max(seconds, 0.0), limit
 
 
 def run_summary(stop_reason: str, state: TrainerState, *, epoch: float, elapsed: float,
@@ -97,13 +140,49 @@ def run_summary(stop_reason: str, state: TrainerState, *, epoch: float, elapsed:
     }
 
 
-def progress_bar(enabled: bool, total: int | None, initial: int) -> Any:
-    """A tqdm bar in steps on a terminal's stderr, or None (disabled, or not a terminal)."""
+@dataclass(frozen=True)
+class BarTotal:
+    """What the progress bar counts: ``step`` (updates) or ``min`` (minutes of wall time),
+    up to ``total`` (None: no total), from ``initial`` (a resumed run's position)."""
+
+    unit: str
+    total: float | None
+    initial: float
+
+
+def bar_total(rules: StoppingRules, *, step: int, elapsed: float, updates_per_epoch: int | None) -> BarTotal:
+    """Steps when a limit fixes their number (``max_steps``; ``max_epochs`` times the updates
+    of an epoch; the smaller of the two), else the minutes of ``max_time_minutes``, else steps
+    without a total. The log lines' ETA weighs every limit; the bar can show only one."""
+    steps = [n for n in (rules.max_steps, rules.max_epochs * (updates_per_epoch or 0)) if n]
+    if steps:
+        return BarTotal("step", min(steps), step)
+    if rules.max_time_minutes:
+        return BarTotal("min", rules.max_time_minutes, round(elapsed / 60, 2))
+    return BarTotal("step", None, step)
+
+
+_MINUTES_FORMAT = "{l_bar}{bar}| {n:.1f}/{total:.1f} min [{elapsed}<{remaining}{postfix}]"
+
+
+def progress_bar(enabled: bool, total: BarTotal) -> Any:
+    """A tqdm bar on a terminal's stderr, or None (disabled, or not a terminal)."""
     if not (enabled and sys.stderr.isatty()):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr, leave=True)
+    return tqdm(total=total.total, initial=total.initial, unit=total.unit, dynamic_ncols=True, file=sys.stderr,
+                leave=True, bar_format=_MINUTES_FORMAT if total.unit == "min" else None)
+
+
+def advance_bar(bar: Any, elapsed: float) -> None:
+    """One more step, or the bar of a time budget at ``elapsed`` seconds."""
+    if bar is None:
+        return
+    if bar.unit == "min":
+        bar.update(round(elapsed / 60, 2) - bar.n)
+    else:
+        bar.update(1)
 
 
 def logging_around(bar: Any) -> contextlib.AbstractContextManager:

@@ -33,7 +33,7 @@ class TrainerState:
     """Everything of a run but the weights and the optimizer.
 
     The trainer keeps the progress fields (``step``, ``nonfinite``, ``tokens_seen``,
-    ``best``, ``last_valid``) current as it goes. The others describe other components at
+    ``best``, ``last_valid``, ``validations_since_best``) current as it goes. The others describe other components at
     the moment a checkpoint is taken (the training iterator's position, the RNG states, the
     gradient scaler, the number of processes); the trainer fills them in its
     ``state_dict`` and hands them back to those components in ``load``. ``elapsed`` is the
@@ -53,6 +53,9 @@ class TrainerState:
     elapsed: float = 0.0
     best: dict[str, Any] | None = None  # {"metric", "value", "step"} of the best validation
     last_valid: dict[str, Any] | None = None  # {"step", **metrics} of the last validation
+    # Validations in a row that did not improve on ``best`` (train.patience counts them);
+    # saved, so that a resumed run stops at the same validation as one never stopped.
+    validations_since_best: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -1,4 +1,5 @@
-"""When a run stops: step, epoch and wall-time limits, divergence, and SIGINT/SIGTERM.
+"""When a run stops: step, epoch and wall-time limits, early stopping (patience),
+divergence, and SIGINT/SIGTERM.
 
 :class:`StoppingRules` answers the questions the training loop asks after each update;
 :class:`StopSignals` turns a signal into a request to stop after the current update (and
@@ -33,11 +34,12 @@ class StoppingRules:
     max_epochs: int = 0
     max_time_minutes: float = 0.0
     max_nonfinite: int = 1
+    patience: int = 0  # validations in a row without improvement
 
     @classmethod
     def from_config(cls, tc: TrainConfig) -> StoppingRules:
-        return cls(max_steps=tc.max_steps, max_epochs=tc.max_epochs,
-                   max_time_minutes=tc.max_time_minutes, max_nonfinite=tc.max_nonfinite)
+        return cls(max_steps=tc.max_steps, max_epochs=tc.max_epochs, max_time_minutes=tc.max_time_minutes,
+                   max_nonfinite=tc.max_nonfinite, patience=tc.patience)
 
     def steps_done(self, step: int) -> bool:
         return bool(self.max_steps) and step >= self.max_steps
@@ -45,6 +47,15 @@ class StoppingRules:
     def epochs_done(self, epoch: int) -> bool:
         """``epoch`` is the one about to start (1-based)."""
         return bool(self.max_epochs) and epoch > self.max_epochs
+
+    def out_of_patience(self, validations_since_best: int) -> bool:
+        return bool(self.patience) and validations_since_best >= self.patience
+
+    def patience_message(self, metric: str, best: dict[str, Any] | None) -> str:
+        """The log line of an early stop: why, and where the best result was."""
+        where = f"; the best, {best['value']:.4f}, was at step {best['step']}" if best else ""
+        return (f"early stopping: {metric} has not improved for {self.patience} validation(s) "
+                f"in a row (train.patience={self.patience}){where}")
 
     def diverged(self, nonfinite_in_a_row: int) -> bool:
         return nonfinite_in_a_row >= self.max_nonfinite

@@ -38,15 +38,26 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.checkpoint import io as ckpt_io
-from aiayn.config import Config, TrainConfig
+from aiayn.config import Config, TrainConfig, to_dict
 from aiayn.runtime import resolve_train_dtype, torch_dtype
 from aiayn.training import amp, resume
 from aiayn.training.distributed import DistInfo, all_gather_json, all_reduce_sum
 from aiayn.training.groups import UpdateGroups, epoch_progress
+from aiayn.training.loggers import open_loggers
 from aiayn.training.loss import projected_label_smoothed_loss
 from aiayn.training.metrics import MetricsLog
 from aiayn.training.optim import build_optimizer, set_lr
-from aiayn.training.progress import Interval, StepResult, logging_around, progress_bar, run_summary, show_train_record
+from aiayn.training.progress import (
+    Interval,
+    StepResult,
+    advance_bar,
+    bar_total,
+    logging_around,
+    progress_bar,
+    run_summary,
+    show_train_record,
+    time_left,
+)
 from aiayn.training.schedule import make_schedule
 from aiayn.training.state import TrainerState
 from aiayn.training.stopping import StoppingRules, StopSignals, TrainingError
@@ -240,7 +251,7 @@ class Trainer:
         return [v > 0 for v in all_reduce_sum([float(f) for f in flags], self.dist, self.device)]
 
     def train(self) -> dict[str, Any]:
-        """Train until max_steps / max_epochs / max_time (or SIGINT/SIGTERM); returns the
+        """Train until max_steps / max_epochs / max_time / patience (or SIGINT/SIGTERM); returns the
         summary also written to ``train_summary.json``."""
         if self.train_batches is None:
             raise ValueError("Trainer.train needs train_batches")
@@ -248,14 +259,19 @@ class Trainer:
         # Only the main process holds the validation set; every process must know whether
         # validation steps happen, since they are collective points.
         has_valid = self._agree([bool(self.validator.batches)])[0] and bool(self.tc.valid_every)
-        run = _Loop(has_valid, bar=progress_bar(self.dist.is_main and self.tc.progress_bar,
-                                                self.tc.max_steps or None, self.state.step))
+        total = bar_total(self.stopping, step=self.state.step, elapsed=self.state.elapsed,
+                          updates_per_epoch=self._updates_per_epoch())
+        run = _Loop(has_valid, bar=progress_bar(self.dist.is_main and self.tc.progress_bar, total))
         if self.dist.is_main:
             log.info("training %s parameters on %s (%s, %d process(es), update_freq %d) from step %d",
                      f"{sum(p.numel() for p in self.params):,}", self.device,
                      amp.dtype_label(self.tc.dtype, self.dtype), self.dist.world_size, self.tc.update_freq,
                      self.state.step)
+            if self.stopping.patience and not has_valid:
+                log.warning("train.patience: no validation set, so no early stopping")
         try:
+            if self.metrics.enabled and self.run_dir is not None:
+                self.metrics.attach(open_loggers(self.tc, self.run_dir, to_dict(self.cfg), self.state.step))
             with self.signals.installed(), logging_around(run.bar):
                 stop_reason = self._loop(run)
             if stop_reason == "diverged":
@@ -272,6 +288,8 @@ class Trainer:
         while True:
             if self.stopping.steps_done(self.state.step):  # e.g. resumed at the end
                 return "max_steps"
+            if self.stopping.out_of_patience(self.state.validations_since_best):  # resumed after an early stop
+                return "patience"
             group = self.groups.next()
             if not group:
                 return "max_epochs"
@@ -289,13 +307,11 @@ class Trainer:
 
     def _after_update(self, run: _Loop, lr: float) -> str | None:
         """Log, validate and save as scheduled; the stop reason if this update is the last."""
-        if run.bar is not None:
-            run.bar.update(1)
+        advance_bar(run.bar, self.elapsed())
         run.trained = True
         step = self.state.step
         if self.tc.log_every and step % self.tc.log_every == 0:
-            self._log_train(run.interval, lr, run.bar)
-            run.interval = Interval()
+            self._log_train(run, lr)
         # The budget check stops before an update (plus the final validation and save)
         # that would end past max_time: no overshoot.
         time_over = self.stopping.out_of_time(self.elapsed(), run.update_seconds, run.finish_seconds)
@@ -305,25 +321,37 @@ class Trainer:
         stop_reason = self.stopping.reason(step, time_over, signalled)
         final = stop_reason is not None
         if final and run.interval.steps:
-            self._log_train(run.interval, lr, run.bar)
+            self._log_train(run, lr)
         valid_now = run.has_valid and (step % self.tc.valid_every == 0 or final)
         save_now = (bool(self.tc.save_every) and step % self.tc.save_every == 0) or time_save or final
-        self._validate_and_save(run, valid_now, save_now)
+        if self._validate_and_save(run, valid_now, save_now) and not final:
+            # Only the validation could tell that this update was the last: its record now.
+            stop_reason = "patience"
+            if run.interval.steps:
+                self._log_train(run, lr)
         return stop_reason
 
-    def _validate_and_save(self, run: _Loop, valid_now: bool, save_now: bool) -> None:
+    def _validate_and_save(self, run: _Loop, valid_now: bool, save_now: bool) -> bool:
+        """Whether early stopping ends the run here (it saved then)."""
         start = time.monotonic()
         is_best = self._maybe_validate() if valid_now else False
         if not (valid_now or save_now):
-            return
-        # Collective on every process (the best-checkpoint decision is the main process's,
-        # so every validation step is a potential save).
-        is_best = self._agree([is_best])[0] and self.tc.keep_best
+            return False
+        # Collective on every process (the best-checkpoint and patience decisions are the
+        # main process's, so every validation step is a potential save).
+        patience_out = valid_now and self.stopping.out_of_patience(self.state.validations_since_best)
+        is_best, patience_out = self._agree([is_best, patience_out])
+        is_best = is_best and self.tc.keep_best
+        if patience_out:
+            save_now = True
+            if self.dist.is_main:
+                log.info(self.stopping.patience_message(self.tc.best_metric, self.state.best))
         if save_now or is_best:
             self.save(is_best=is_best, periodic=save_now)
             run.last_time_save = time.monotonic()
         if valid_now:
             run.finish_seconds = time.monotonic() - start
+        return patience_out
 
     def _end_of_data(self, run: _Loop) -> None:
         """Stopped by max_epochs: the last update could not know it was the last, so its
@@ -331,7 +359,7 @@ class Trainer:
         if not run.trained or self._last_saved_step == self.state.step:
             return
         if run.interval.steps:
-            self._log_train(run.interval, self.schedule(self.state.step), run.bar)
+            self._log_train(run, self.schedule(self.state.step))
         is_best = False
         if run.has_valid and self.state.step != self._last_valid_step:
             is_best = self._agree([self._maybe_validate()])[0] and self.tc.keep_best
@@ -349,14 +377,36 @@ class Trainer:
                             "elapsed": round(self.elapsed(), 3)})
         better = record_validation(self.state, self.tc.best_metric, metrics, step)
         text = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-        log.info("step %d: %s%s", step, text, " (best)" if better else "")
+        log.info("step %d: %s%s", step, text, self._progress_note(better))
         return better
 
-    def _log_train(self, interval: Interval, lr: float, bar: Any) -> None:
+    def _progress_note(self, better: bool) -> str:
+        """`` (best)``, or how far early stopping has got."""
+        if better:
+            return " (best)"
+        if self.stopping.patience:
+            return (f" (no improvement in {self.tc.best_metric} for {self.state.validations_since_best} of "
+                    f"{self.stopping.patience} validation(s))")
+        return ""
+
+    def _log_train(self, run: _Loop, lr: float) -> None:
+        """The interval's record (metrics.jsonl, log line, bar); a new interval begins."""
+        interval, run.interval = run.interval, Interval()
         record = interval.record(self.state.step, epoch_progress(self.train_batches), lr, self.elapsed())
         if self.dist.is_main:
             self.metrics.write(record)
-            show_train_record(record, bar, log)
+            left = time_left(self.stopping, step=self.state.step, epoch=record["epoch"], elapsed=record["elapsed"],
+                             seconds_per_step=interval.seconds() / max(interval.steps, 1),
+                             updates_per_epoch=self._updates_per_epoch())
+            show_train_record(record, run.bar, log, left)
+
+    def _updates_per_epoch(self) -> int | None:
+        """Updates in an epoch of this process's shard (groups never span epochs); None if
+        the training iterator has no length."""
+        try:
+            return math.ceil(len(self.train_batches) / self.tc.update_freq)
+        except TypeError:
+            return None
 
     def _finish(self, stop_reason: str) -> dict[str, Any]:
         """Write ``train_summary.json`` and return its content (raise on divergence)."""
@@ -397,10 +447,9 @@ def _data_parallel(model: nn.Module, dist: DistInfo, device: torch.device) -> Di
 
 def _run_outputs(run_dir: Path | None, dist: DistInfo, tc: TrainConfig) -> tuple[Any, MetricsLog]:
     """The run's checkpoint manager (None without a run directory) and metrics log; only the
-    main process writes."""
+    main process writes (and logs to train.loggers, attached when training starts)."""
     if run_dir is None:
-        return None, MetricsLog(None, enabled=False, tensorboard=tc.tensorboard)
+        return None, MetricsLog(None, enabled=False)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return ckpt_io.CheckpointManager(run_dir, tc.keep_last), \
-        MetricsLog(run_dir, enabled=dist.is_main, tensorboard=tc.tensorboard)
+    return ckpt_io.CheckpointManager(run_dir, tc.keep_last), MetricsLog(run_dir, enabled=dist.is_main)

@@ -83,9 +83,13 @@ def is_better(metric: str, metrics: dict[str, float], best: dict[str, Any] | Non
 
 def record_validation(state: TrainerState, metric: str, metrics: dict[str, float], step: int) -> bool:
     """Note the validation of ``step`` in ``state`` (``last_valid``; ``best`` if ``metrics``
-    improve on it in ``metric``); whether they did."""
+    improve on it in ``metric``, else one more of ``validations_since_best``); whether they
+    did. A validation without ``metric`` (BLEU that could not be computed) counts for neither."""
     state.last_valid = {"step": step, **metrics}
     better = is_better(metric, metrics, state.best)
     if better:
         state.best = {"metric": metric, "value": metrics[metric], "step": step}
+        state.validations_since_best = 0
+    elif metric in metrics:
+        state.validations_since_best += 1
     return better
