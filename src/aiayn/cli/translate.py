@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
+import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from aiayn import fileio
 from aiayn.cli import options
 from aiayn.errors import AiaynError, DataError
+from aiayn.inference import streaming
+
+DEFAULT_CHUNK_SIZE = 10_000
 
 FORMAT_HELP = """\
 output format
@@ -25,17 +29,52 @@ output format
       N fields; a sentence with fewer hypotheses gets empty fields).
       --scores: each translation is followed by a TAB and its score
       (log-probability / length penalty), e.g. "hyp1<TAB>score1<TAB>hyp2<TAB>score2".
+      --alignment: each translation (and its score) is followed by a TAB and its word
+      alignment, e.g. "hyp1<TAB>0-0 1-2 2-1" (see 'alignment').
   --format jsonl
       one JSON object per line: {"line": 1, "hypotheses": [{"text": ..., "score": ...,
-      "tokens": [...]}, ...]} (best first; an empty input line has one empty hypothesis).
+      "tokens": [...]}, ...]} (best first; an empty input line has one empty hypothesis);
+      with --alignment each hypothesis also has "alignment": [[src, tgt], ...].
 
-input
-  A file (plain or .gz) is read whole first, so invalid UTF-8 anywhere is reported before
-  any work; a progress bar goes to stderr. Standard input ("-") is streamed: lines are
-  collected into buffers of --buffer-size lines (default: 1 from a terminal, 64 from a
-  pipe), each buffer is translated as batches and written at once (like
-  fairseq-interactive). Use --buffer-size 1 to drive it line by line from another program.
+alignment (--alignment)
+  Hard word alignments as fast_align, Moses and Marian write them: "i-j" pairs, source word
+  i aligned to target word j, 0-based, sorted by i then j, separated by spaces. From the
+  cross-attention of the last decoder layer averaged over its heads (fairseq's
+  --print-alignment): each target piece (EOS excluded) is aligned to the source piece it
+  attends to most (EOS excluded); both are mapped to the whitespace-separated words that
+  contain them (the target words of the output line; the source words of the input line,
+  as SentencePiece splits it); duplicate pairs are written once. An empty line or
+  translation has an empty alignment. Slower than without, and it computes attention with
+  the explicit softmax formula, so in a rare near-tie a translation can differ from one made
+  without --alignment.
+
+input and output
+  The input is read --chunk-size lines at a time; each chunk is translated as batches
+  (sentences sorted by length within the chunk) and its lines are written, in input order,
+  before the next chunk is read: memory holds one chunk whatever the file size. A regular
+  input file (plain or .gz) is first read through once (a chunk at a time too), so that
+  invalid UTF-8 and lines longer than the model's positions (without --truncate) are
+  reported before any work, and the progress bar on stderr knows the number of lines and
+  shows an ETA. Standard input ("-") and pipes are read once, with no total: a chunk also
+  ends when no further line has arrived, so a program that writes one line and waits gets
+  its translation at once (like fairseq-interactive), while a fast pipe fills whole chunks.
   Invalid UTF-8 is an error naming the line, unless --on-invalid-utf8 replace (U+FFFD).
+  The chunk size does not change the translations, but a score can move in its last digits
+  (a sentence's floating-point sums depend on the batch it shares; in a rare near-tie, so
+  can a translation).
+  On standard output each chunk appears when it is done. A file given with --output is
+  written as OUTPUT.partial (flushed after each chunk) and renamed to OUTPUT once complete:
+  OUTPUT itself is never partly written. If a run from an input file stops early (an error,
+  Ctrl-C, a crash), OUTPUT.partial keeps the finished chunks and OUTPUT.partial.json what
+  produced them (the input's text, the checkpoint's checksums, the options): the same
+  command with --resume goes on from there, and refuses, naming what differs, if anything
+  does. Without --resume a new run replaces them. A run from standard input cannot be
+  resumed: when it fails, it removes OUTPUT.partial.
+
+prefixes (--prefix-file)
+  One target prefix per input line (an empty line for none): the translation is forced to
+  start with it (encoded with the checkpoint's tokenizer, as the Python API's prefixes=).
+  The line counts must match; an empty input line still gives an empty output line.
 """
 
 
@@ -52,11 +91,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     options.add_device_flags(p)
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
+    p.add_argument("--alignment", action="store_true",
+                   help="word alignments from the last layer's cross-attention (see 'alignment' below)")
+    p.add_argument("--prefix-file", metavar="FILE",
+                   help="one target prefix per input line, forced at the start of its translation")
     p.add_argument("--truncate", action="store_true",
                    help="cut a line longer than the model's source positions (with a warning naming it); "
                         "by default such a line is an error")
-    p.add_argument("--buffer-size", type=int, default=None,
-                   help="stdin: lines per buffer (default 1 from a terminal, 64 from a pipe)")
+    p.add_argument("--chunk-size", "--buffer-size", dest="chunk_size", type=int, default=DEFAULT_CHUNK_SIZE,
+                   metavar="N", help=f"lines read, translated and written at a time (default {DEFAULT_CHUNK_SIZE}; "
+                                     "--buffer-size is its former name)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the OUTPUT.partial an interrupted run of the same command left")
     options.add_on_invalid_utf8(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary on stderr")
     p.set_defaults(func=run)
@@ -80,17 +126,10 @@ def _utf8_mode(on_invalid_utf8: str) -> str:
     return "replace" if on_invalid_utf8 == "replace" else "error"
 
 
-def iter_raw_lines(stream: IO[bytes]) -> Iterator[bytes]:
-    """Lines split at b'\\n' only (never at other Unicode line breaks, which would change the
-    line count); the last line may lack its newline."""
-    return fileio.iter_raw_lines(stream, "<stdin>")
-
-
 def read_file_lines(path: Path, on_invalid_utf8: str) -> list[str]:
     """Every line of a file (plain or gzip), read before any work, so that invalid UTF-8
     anywhere is reported first."""
-    lines = fileio.read_text_lines(path, _utf8_mode(on_invalid_utf8), strip="eol", hint=_UTF8_HINT)
-    return [line for line in lines if line is not None]  # None only under "skip"
+    return list(streaming.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT))
 
 
 def check_lengths(translator: Any, chunk: list[str], first_lineno: int, where: str) -> None:
@@ -104,6 +143,11 @@ def check_lengths(translator: Any, chunk: list[str], first_lineno: int, where: s
                             "positions: split the line, or use --truncate to cut it")
 
 
+def _is_stream(path: str) -> bool:
+    """Standard input, or a path that can be read only once (a named pipe, /dev/stdin)."""
+    return path == "-" or (os.path.exists(path) and not os.path.isfile(path))
+
+
 # -------------------------------------------------------------------------- output
 
 
@@ -113,101 +157,229 @@ def _clean(text: str, tabs: bool) -> str:
     return text.replace("\t", " ") if tabs else text
 
 
-def format_result(result: Any, lineno: int, nbest: int, fmt: str, scores: bool) -> str:
+def _alignment(h: Any) -> list[tuple[int, int]]:
+    from aiayn.inference.alignment import hard_alignment
+
+    return hard_alignment(h.attention, h.src_pieces, h.tgt_pieces)
+
+
+def _alignment_text(h: Any) -> str:
+    from aiayn.inference.alignment import format_alignment
+
+    return format_alignment(_alignment(h))
+
+
+def format_result(result: Any, lineno: int, nbest: int, fmt: str, scores: bool, alignment: bool = False) -> str:
+    """One output line (without its newline) for one input line; ``alignment``: the
+    hypotheses' attention is :func:`aiayn.inference.alignment.last_layer_mean` of theirs."""
     hyps = list(result.hypotheses)
     if fmt == "jsonl":
-        return json.dumps({"line": lineno, "hypotheses": [
-            {"text": _clean(h.text, False), "score": h.score, "tokens": h.tokens} for h in hyps]},
-            ensure_ascii=False)
+        records = [{"text": _clean(h.text, False), "score": h.score, "tokens": h.tokens} for h in hyps]
+        if alignment:
+            for record, h in zip(records, hyps):
+                record["alignment"] = [list(pair) for pair in _alignment(h)]
+        return json.dumps({"line": lineno, "hypotheses": records}, ensure_ascii=False)
     fields = []
     for k in range(nbest):
         h = hyps[k] if k < len(hyps) else None
         fields.append(_clean(h.text, True) if h is not None else "")
         if scores:
             fields.append(f"{h.score:.4f}" if h is not None else "")
+        if alignment:
+            fields.append(_alignment_text(h) if h is not None else "")
     return "\t".join(fields)
 
 
-class _Writer:
-    """Standard output, streamed line by line; or a file, written under a temporary name and
-    renamed into place only when every line is translated (a failed or interrupted run
-    leaves the file as it was)."""
+class _Stdout:
+    """Standard output: each chunk written and flushed as it is done."""
 
-    def __init__(self, target: str, inputs: list[str]) -> None:
-        self._stack = contextlib.ExitStack()
-        if target == "-":
-            self.f: IO[bytes] = sys.stdout.buffer
-        else:
-            path = fileio.check_output_file(target, [i for i in inputs if i != "-"], "--output")
-            self.f = self._stack.enter_context(fileio.atomic_file(path, "wb", durable=False))
+    lines = 0
 
-    def write(self, lines: list[str]) -> None:
-        if lines:
-            self.f.write(("\n".join(lines) + "\n").encode("utf-8"))
-            self.f.flush()
+    def write(self, data: bytes, lines: int) -> None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
 
-    def close(self, ok: bool) -> None:
-        """Put the file in place (``ok``) or drop it."""
-        if ok:
-            self._stack.close()
-        else:
-            self._stack.__exit__(RuntimeError, RuntimeError("translation failed"), None)
+    def finish(self) -> None:
+        pass
+
+    def abort(self) -> bool:
+        return False
 
 
 # ----------------------------------------------------------------------------- run
 
 
+class _Prefixes:
+    """The --prefix-file lines, taken chunk by chunk beside the input."""
+
+    def __init__(self, path: str | None, on_invalid_utf8: str, skip: int) -> None:
+        self.path = path
+        self.used = skip
+        self._lines: Iterator[str] | None = None
+        if path is not None:
+            lines = streaming.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT)
+            self._lines = itertools.islice(lines, skip, None)
+
+    def take(self, n: int) -> list[str | None] | None:
+        if self._lines is None:
+            return None
+        got: list[str | None] = list(itertools.islice(self._lines, n))
+        self.used += len(got)
+        if len(got) < n:
+            raise DataError(f"--prefix-file {self.path}: {self.used} lines, but the input has more; give one "
+                            "prefix per input line (an empty line for none)")
+        return got
+
+    def finish(self, input_lines: int) -> None:
+        if self._lines is not None and next(self._lines, None) is not None:
+            raise DataError(f"--prefix-file {self.path}: more lines than the {input_lines} of the input; give one "
+                            "prefix per input line (an empty line for none)")
+
+
+class _Job:
+    """One `aiayn translate` run: the checks, the pass over the input, the output."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from aiayn.checkpoint.io import resolve_checkpoint
+        from aiayn.inference.translator import Translator
+
+        self.args = args
+        self.overrides = options.decode_overrides(args)
+        device = options.device(args)
+        self.output = _check_output(args)
+        # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
+        self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
+        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=args.dtype)
+        self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
+        self.where = "<stdin>" if args.input == "-" else args.input
+        self.stream = _is_stream(args.input)
+        self.total: int | None = None
+        self.identity: dict[str, Any] | None = None
+        if not self.stream:
+            self._scan()
+
+    def _scan(self) -> None:
+        """One pass over a regular input file (and prefix file) before any translation."""
+        args = self.args
+
+        def check(chunk: list[str], first: int) -> None:
+            if not args.truncate:
+                check_lengths(self.translator, chunk, first, args.input)
+
+        scan = streaming.scan_text_file(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT,
+                                        size=args.chunk_size, check=check)
+        self.total = scan.lines
+        prefix_scan = None
+        if args.prefix_file is not None and not _is_stream(args.prefix_file):
+            prefix_scan = streaming.scan_text_file(args.prefix_file, _utf8_mode(args.on_invalid_utf8),
+                                                   hint=_UTF8_HINT, size=args.chunk_size)
+            if prefix_scan.lines != scan.lines:
+                raise DataError(f"--prefix-file {args.prefix_file}: {prefix_scan.lines} lines, but {args.input} "
+                                f"has {scan.lines}; give one prefix per input line (an empty line for none)")
+        if args.prefix_file is None or prefix_scan is not None:
+            self.identity = self._identity(scan, prefix_scan)
+
+    def _identity(self, scan: streaming.TextScan, prefix: streaming.TextScan | None) -> dict[str, Any]:
+        """Everything the output bytes depend on, for --resume to compare."""
+        from aiayn.config import to_dict
+
+        a = self.args
+        flags = {"--format": a.format, "--scores": a.scores, "--alignment": a.alignment, "--truncate": a.truncate,
+                 "--on-invalid-utf8": a.on_invalid_utf8, "--chunk-size": a.chunk_size, "--dtype": a.dtype,
+                 "--device": self.translator.device.type}
+        return {"input": scan.sha256, "--prefix-file": prefix.sha256 if prefix else None,
+                "--checkpoint": streaming.checkpoint_identity(self.checkpoints),
+                **{f"decode.{k}": v for k, v in to_dict(self.cfg).items()}, **flags}
+
+    def open_output(self) -> streaming.PartialOutput | _Stdout:
+        if self.output is None:
+            return _Stdout()
+        if self.args.resume and self.identity is None:
+            raise AiaynError("--resume: needs a regular --input file (and --prefix-file): a stream cannot be "
+                             "read again from where the run stopped")
+        out = streaming.PartialOutput(self.output, self.identity, resume=self.args.resume)
+        if not self.args.quiet and out.lines:
+            print(f"resuming {out.partial}: {out.lines} of {self.total} lines done", file=sys.stderr)
+        elif not self.args.quiet and out.replaced:
+            print(f"replacing {out.partial} left by an earlier run (--resume continues one)", file=sys.stderr)
+        return out
+
+    def chunks(self, skip: int) -> Iterator[list[str]]:
+        args = self.args
+        if not self.stream:
+            lines = streaming.text_lines(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT)
+            return streaming.chunked(itertools.islice(lines, skip, None), args.chunk_size)
+        return self._stream_chunks()
+
+    def _stream_chunks(self) -> Iterator[list[str]]:
+        args = self.args
+
+        def decode(raw: bytes, lineno: int) -> str:
+            return decode_line(raw, self.where, lineno, args.on_invalid_utf8)
+
+        if args.input == "-":
+            yield from streaming.stream_chunks(sys.stdin.buffer, args.chunk_size, decode, name=self.where)
+            return
+        with fileio.open_text_input(args.input) as (f, compressed):
+            yield from streaming.stream_chunks(f, args.chunk_size, decode, name=self.where, wait=False)
+
+    def translate(self, chunk: list[str], prefixes: list[str | None] | None, first: int, bar: Any) -> bytes:
+        """One chunk's output lines, in input order, as bytes."""
+        from aiayn.inference.alignment import last_layer_mean
+
+        args = self.args
+        if self.stream and not args.truncate:
+            check_lengths(self.translator, chunk, first, self.where)
+        results = self.translator.translate_detailed(
+            chunk, nbest=args.nbest, attention=args.alignment, prefixes=prefixes, progress=bar.update,
+            attention_summary=last_layer_mean if args.alignment else None, first_number=first, **self.overrides)
+        lines = [format_result(r, first + k, self.cfg.nbest, args.format, args.scores, args.alignment)
+                 for k, r in enumerate(results)]
+        return "".join(line + "\n" for line in lines).encode("utf-8")
+
+    def run(self, out: streaming.PartialOutput | _Stdout) -> int:
+        """Translate every chunk after the ``out.lines`` already done; the lines translated."""
+        from tqdm import tqdm
+
+        args = self.args
+        skip = out.lines
+        prefixes = _Prefixes(args.prefix_file, args.on_invalid_utf8, skip)
+        n = skip
+        with tqdm(total=self.total, initial=skip, unit="line", file=sys.stderr, disable=args.quiet,
+                  desc="translate", dynamic_ncols=True) as bar:
+            for chunk in self.chunks(skip):
+                out.write(self.translate(chunk, prefixes.take(len(chunk)), n + 1, bar), len(chunk))
+                n += len(chunk)
+        prefixes.finish(n)
+        return n - skip
+
+
+def _check_output(args: argparse.Namespace) -> Path | None:
+    """The output file (None: stdout), checked before any work; never one of the inputs."""
+    if args.chunk_size < 1:
+        raise AiaynError(f"--chunk-size: must be at least 1, got {args.chunk_size}")
+    if args.resume and args.output == "-":
+        raise AiaynError("--resume: needs an --output file (it continues OUTPUT.partial)")
+    if args.output == "-":
+        return None
+    inputs = [p for p in (args.input, args.prefix_file) if p not in (None, "-")]
+    path = fileio.check_output_file(args.output, inputs, "--output")
+    fileio.check_output_file(path.with_name(path.name + streaming.PARTIAL_SUFFIX), inputs, "--output")
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from aiayn.inference.translator import Translator
-
-    if args.buffer_size is not None and args.buffer_size < 1:
-        raise AiaynError(f"--buffer-size: must be at least 1, got {args.buffer_size}")
-    overrides = options.decode_overrides(args)
-    device = options.device(args)
-    from_stdin = args.input == "-"
-    lines = None if from_stdin else read_file_lines(Path(args.input), args.on_invalid_utf8)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
-    cfg = translator.decode_config(**overrides, nbest=args.nbest)  # fail on bad options before any output
-    writer = _Writer(args.output, [args.input])
+    job = _Job(args)
+    out = job.open_output()
     start = time.perf_counter()
-    done = 0
-
-    def translate(chunk: list[str], first_lineno: int, bar: Any = None) -> None:
-        nonlocal done
-        if not args.truncate:
-            check_lengths(translator, chunk, first_lineno, "<stdin>" if from_stdin else args.input)
-        results = translator.translate_detailed(chunk, nbest=args.nbest, progress=bar.update if bar else None,
-                                                **overrides)
-        writer.write([format_result(r, first_lineno + k, cfg.nbest, args.format, args.scores)
-                      for k, r in enumerate(results)])
-        done += len(chunk)
-
     try:
-        if lines is not None:
-            with tqdm(total=len(lines), unit="sent", file=sys.stderr, disable=args.quiet,
-                      desc="translate", dynamic_ncols=True) as bar:
-                translate(lines, 1, bar)
-        else:
-            size = args.buffer_size or (1 if sys.stdin.isatty() else 64)
-            buffer: list[str] = []
-            first = 1
-            try:
-                for n, raw in enumerate(iter_raw_lines(sys.stdin.buffer), 1):
-                    buffer.append(decode_line(raw, "<stdin>", n, args.on_invalid_utf8))
-                    if len(buffer) >= size:
-                        translate(buffer, first)
-                        first, buffer = n + 1, []
-            except DataError:
-                translate(buffer, first)  # everything before the bad line is still delivered
-                raise
-            if buffer:
-                translate(buffer, first)
+        done = job.run(out)
     except BaseException:
-        writer.close(ok=False)
+        if out.abort() and isinstance(out, streaming.PartialOutput):
+            print(f"aiayn translate: {out.partial} keeps the first {out.lines} lines; the same command with "
+                  "--resume continues it", file=sys.stderr)
         raise
-    writer.close(ok=True)
+    out.finish()
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

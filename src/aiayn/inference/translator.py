@@ -51,7 +51,18 @@ BF16_MODE = "cast"
 
 @dataclass
 class Hypothesis:
-    """One translation of one sentence."""
+    """One translation of one sentence.
+
+    Attributes:
+        text: The translation, detokenized.
+        tokens: Its target ids, without EOS.
+        score: Log-probability / length penalty; hypotheses are sorted by it.
+        src_pieces: The source pieces with the final ``</s>``: the attention's columns.
+        tgt_pieces: The target pieces plus ``</s>``: the attention's rows.
+        attention: Cross-attention weights (layers, heads, target pieces, source pieces),
+            float32 on the CPU, when asked for; else None.
+        log_prob: The summed log-probability (EOS included), before the length penalty.
+    """
 
     text: str  # detokenized
     tokens: list[int]  # target ids, without EOS
@@ -59,14 +70,21 @@ class Hypothesis:
     src_pieces: list[str]  # source pieces incl. the final "</s>": the attention's columns
     tgt_pieces: list[str]  # target pieces plus "</s>": the attention's rows
     # Cross-attention weights (layers, heads, len(tgt_pieces), len(src_pieces)), float32 on
-    # the CPU; None unless attention was asked for.
+    # the CPU (or what translate_detailed's attention_summary made of them); None unless
+    # attention was asked for.
     attention: Tensor | None = None
     log_prob: float = 0.0  # summed log-probability (EOS included), before the length penalty
 
 
 @dataclass
 class TranslationResult:
-    """All hypotheses of one input sentence, best first."""
+    """All hypotheses of one input sentence, best first.
+
+    Attributes:
+        source: The input text.
+        hypotheses: Its translations, best first; ``best`` is the first.
+        src_tokens: The encoder's input ids, EOS included.
+    """
 
     source: str
     hypotheses: list[Hypothesis] = field(default_factory=list)
@@ -95,13 +113,19 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
 class Translator:
     """A model + tokenizer + decoding defaults, translating lists of sentences.
 
-    ``config`` is the checkpoint's :class:`Config` (a bare :class:`DecodeConfig` is accepted
-    too, e.g. from the trainer's validation). The model is put in eval mode and moved to
+    Made from a checkpoint with
+    [from_checkpoint][aiayn.inference.translator.Translator.from_checkpoint]:
+
+        translator = Translator.from_checkpoint("runs/mine/averaged")
+        translator.translate(["A man is riding a bike."])  # ["Ein Mann fährt Fahrrad."]
+
+    ``config`` is the checkpoint's [Config][aiayn.config.Config] (a bare ``DecodeConfig`` is
+    accepted too, e.g. from the trainer's validation). The model is put in eval mode and moved to
     ``device`` in place, and nothing else is changed in it: decoding runs an inference copy
-    of it (:func:`aiayn.inference.prepare.prepare_for_inference`), built here from the
+    of it (``aiayn.inference.prepare.prepare_for_inference``), built here from the
     weights as they are now; ``self.model`` is that copy. With ``dtype="bf16"`` the copy's
-    weights are bfloat16 (see :data:`BF16_MODE`); with ``dtype="int8"`` its linear layers
-    are quantized (:mod:`aiayn.inference.quantize`, CPU only); log-probabilities are always
+    weights are bfloat16 (see ``BF16_MODE``); with ``dtype="int8"`` its linear layers
+    are quantized (``aiayn.inference.quantize``, CPU only); log-probabilities are always
     computed in float32.
     """
 
@@ -128,10 +152,29 @@ class Translator:
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "cpu",
                         dtype: str = "fp32") -> Translator:
-        """Load a checkpoint (a checkpoint directory, a run directory -> its last checkpoint,
-        or a ``last``/``best`` pointer). Several paths: their weights are averaged; the
-        configuration and tokenizer come from the last one, and all must have the same model
-        configuration."""
+        """Load a checkpoint: its model, tokenizer and decoding defaults.
+
+        Args:
+            path: A checkpoint directory, a run directory (its last checkpoint) or a
+                ``last``/``best`` pointer file. Several paths: their weights are averaged;
+                the configuration and tokenizer come from the last one, and all must have
+                the same model configuration.
+            device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (a GPU if there is one).
+            dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
+
+        Returns:
+            The translator, its model in eval mode on ``device``.
+
+        Raises:
+            CheckpointError: A missing, incomplete or corrupted checkpoint, or one saved
+                without its tokenizer.
+            ConfigError: A device or dtype that this machine does not have.
+
+        Example:
+            ```python
+            translator = Translator.from_checkpoint("runs/mine/averaged", dtype="bf16")
+            ```
+        """
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise CheckpointError("no checkpoint given")
@@ -165,7 +208,26 @@ class Translator:
                 "parameters": count_parameters(self.model)}
 
     def translate(self, texts: Sequence[str], **decode_overrides: Any) -> list[str]:
-        """The best translation of each text, in input order."""
+        """The best translation of each text, in input order.
+
+        Args:
+            texts: The sentences, one string each; an empty one gets an empty translation.
+            **decode_overrides: Decoding options for this call, replacing the checkpoint's
+                ``decode`` section: ``beam``, ``lenpen``, ``max_len_a``, ``max_len_b``,
+                ``min_len``, ``no_repeat_ngram_size``, ``sampling``, ... (the fields of
+                ``aiayn.config.DecodeConfig``, the options of ``aiayn translate``).
+
+        Returns:
+            One translation per text.
+
+        Raises:
+            ConfigError: An unknown decoding option or a bad value.
+
+        Example:
+            ```python
+            translator.translate(["A man is riding a bike."], beam=5, lenpen=1.0)
+            ```
+        """
         return [r.hypotheses[0].text if r.hypotheses else ""
                 for r in self.translate_detailed(texts, nbest=1, **decode_overrides)]
 
@@ -173,6 +235,8 @@ class Translator:
                            prefixes: Sequence[str | None] | None = None,
                            progress: Callable[[int], None] | None = None,
                            constraint_for: Callable[[list[int]], Constraint] | None = None,
+                           attention_summary: Callable[[Tensor], Tensor] | None = None,
+                           first_number: int = 1,
                            **decode_overrides: Any) -> list[TranslationResult]:
         """Up to ``nbest`` hypotheses per text with scores, pieces and (optionally) the
         cross-attention of each hypothesis.
@@ -180,9 +244,14 @@ class Translator:
         ``prefixes``: per text, a target-side text the translation must start with (None or
         "" for none). ``progress`` is called with the number of sentences of each finished
         batch. ``constraint_for``: given the indices (into ``texts``) of a batch's sentences,
-        in batch order, the :class:`~aiayn.inference.constraints.Constraint` their outputs must
+        in batch order, the ``aiayn.inference.constraints.Constraint`` their outputs must
         satisfy (constrained decoding, e.g. the parser's tree grammar). An empty (or
         all-whitespace) text gets one empty hypothesis, without running the model.
+        ``attention_summary``: with ``attention``, what each hypothesis keeps instead of its
+        (layers, heads, target, source) weights, computed from them batch by batch (e.g.
+        ``aiayn.inference.alignment.last_layer_mean``), so that many texts need not hold
+        every layer's weights at once. ``first_number``: the number of ``texts[0]`` in
+        warnings (its line, when ``texts`` is a chunk of a file).
         """
         cfg = self.decode_config(**{**decode_overrides, "nbest": nbest})
         if prefixes is not None and len(prefixes) != len(texts):
@@ -196,7 +265,7 @@ class Translator:
             progress(len(texts) - len(todo))
         if not todo:
             return results
-        self._encode_sources(texts, todo, results)
+        self._encode_sources(texts, todo, results, first_number)
         prefix_ids = self._encode_prefixes(prefixes, todo)
         for batch in self._batches(todo, [len(results[i].src_tokens) for i in todo], cfg.batch_tokens):
             src = _pad([results[i].src_tokens for i in batch]).to(self.device)
@@ -205,19 +274,21 @@ class Translator:
                           pad=PAD_ID, bos=BOS_ID, eos=EOS_ID,
                           constraint=constraint_for(batch) if constraint_for is not None else None)
             for i, per_sent in zip(batch, hyps):
-                results[i].hypotheses = [self._hypothesis(results[i].src_tokens, h) for h in per_sent]
+                results[i].hypotheses = [self._hypothesis(results[i].src_tokens, h, attention_summary)
+                                         for h in per_sent]
             if progress is not None:
                 progress(len(batch))
         return results
 
-    def _encode_sources(self, texts: Sequence[str], todo: list[int], results: list[TranslationResult]) -> None:
+    def _encode_sources(self, texts: Sequence[str], todo: list[int], results: list[TranslationResult],
+                        first_number: int = 1) -> None:
         """Each text's source ids (EOS included), cut to the model's positions with a warning."""
         src_ids = self.tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
         for n, i in enumerate(todo):
             ids = src_ids[n]
             if self.max_src_len is not None and len(ids) > self.max_src_len:
                 log.warning("sentence %d: %d source tokens, truncated to the model's %d positions",
-                            i + 1, len(ids), self.max_src_len)
+                            i + first_number, len(ids), self.max_src_len)
                 ids = ids[:self.max_src_len - 1] + [EOS_ID]
             results[i].src_tokens = ids
 
@@ -249,15 +320,19 @@ class Translator:
             batches.append(current)
         return batches
 
-    def _hypothesis(self, src_tokens: list[int], h: SearchHypothesis) -> Hypothesis:
+    def _hypothesis(self, src_tokens: list[int], h: SearchHypothesis,
+                    attention_summary: Callable[[Tensor], Tensor] | None = None) -> Hypothesis:
         tok = self.tokenizer
+        attention = h.attention
+        if attention is not None and attention_summary is not None:
+            attention = attention_summary(attention)
         return Hypothesis(
             text=tok.decode_tgt(h.tokens),
             tokens=list(h.tokens),
             score=float(h.score),
             src_pieces=tok.src_pieces(src_tokens),
             tgt_pieces=tok.tgt_pieces(h.tokens) + [EOS_PIECE],
-            attention=h.attention.cpu() if h.attention is not None else None,
+            attention=attention.cpu() if attention is not None else None,
             log_prob=float(h.log_prob),
         )
 
