@@ -17,6 +17,7 @@ from aiayn.data.trees import (
     is_well_formed,
     linearize,
     parse_tree,
+    phrase_subtrees,
     prepare_parsing,
     read_trees,
     read_trees_with_lines,
@@ -302,7 +303,36 @@ def test_rebuild_deep_nesting_does_not_recurse() -> None:
     assert tree_to_string(tree).count("(NP") == 3000
 
 
+def test_phrase_subtrees_are_every_phrase_below_the_root_of_enough_words() -> None:
+    tree = parse_tree("(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))")
+    phrases = phrase_subtrees([tree, parse_tree("(S (NP (PRP It)) (VP (VBZ rains)))")], 2)
+    assert [(" ".join(p.leaves()), " ".join(linearize(p))) for p in phrases] == [
+        ("The cat", "(NP XX XX )NP"),
+        ("sat on the mat", "(VP XX (PP XX (NP XX XX )NP )PP )VP"),
+        ("on the mat", "(PP XX (NP XX XX )NP )PP"),
+        ("the mat", "(NP XX XX )NP"),
+    ]
+    assert [" ".join(p.leaves()) for p in phrase_subtrees([tree], 3)] == ["sat on the mat", "on the mat"]
+
+
 # ---------------------------------------------------------------------------- preparation
+@needs_ptb
+def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -> None:
+    plain, more = tmp_path / "plain", tmp_path / "more"
+    prepare_parsing(PTB_DIR, plain, target="words")
+    summary = prepare_parsing(PTB_DIR, more, target="words", subtrees=3)
+    train_trees = read_trees(plain / "train.gold.txt")
+    phrases = phrase_subtrees(train_trees, 3)
+    assert summary["phrases"] == len(phrases) == 40173 and summary["splits"]["train"]["trees"] == 3396
+    for kind in ("src", "tgt"):
+        whole = (plain / f"train.{kind}.txt").read_text(encoding="utf-8")
+        lines = (more / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+        assert "".join(lines[:3396]) == whole and len(lines) == 3396 + len(phrases)
+    assert (more / "train.src.txt").read_text(encoding="utf-8").splitlines()[3396] == " ".join(phrases[0].leaves())
+    for name in ("train.gold.txt", "valid.src.txt", "valid.tgt.txt", "test.tgt.txt"):
+        assert (more / name).read_bytes() == (plain / name).read_bytes()
+
+
 @needs_ptb
 def test_prepare_parsing_spelling_the_words(tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -533,6 +533,24 @@ def _parsing_lines(trees: list[Tree], placeholder: str,
             [tree_to_string(tree) + "\n" for tree in trees])
 
 
+def phrase_subtrees(trees: Iterable[Tree], min_words: int) -> list[Tree]:
+    """Every phrase below the root of ``trees`` that spans ``min_words`` words or more, as a
+    tree of its own (depth-first, left to right): extra training pairs for a small treebank.
+    Each teaches the bracketing of a span without the rest of its sentence (the first
+    thousand trees of a treebank hold tens of thousands of such phrases)."""
+    out: list[Tree] = []
+    for tree in trees:
+        stack = list(reversed(tree.children))
+        while stack:
+            node = stack.pop()
+            if node.is_preterminal:
+                continue
+            if len(node.preterminals()) >= min_words:
+                out.append(node)
+            stack.extend(reversed(node.children))
+    return out
+
+
 def spelled_words(trees: Iterable[Tree], min_count: int) -> frozenset[str]:
     """The words a ``words`` target spells: those seen ``min_count`` times or more in
     ``trees`` (the training trees); rarer words stay placeholders, so that the target
@@ -549,6 +567,7 @@ def prepare_parsing(
     placeholder: str = PLACEHOLDER,
     target: str = "placeholders",
     min_count: int = 2,
+    subtrees: int = 0,
 ) -> dict:
     """Write the parsing task's parallel text for each split role.
 
@@ -559,8 +578,12 @@ def prepare_parsing(
     tree) and ``{role}.gold.txt`` (cleaned tree with POS tags) into ``out_dir``, all
     files renamed into place only once all are written. ``target`` is one of
     :data:`TARGETS`; a ``words`` target spells the words seen ``min_count`` times in the
-    ``train`` role's trees (:func:`spelled_words`). Returns ``{"splits": {role: {"trees", "words", "skipped", "files":
-    "wsj_0001-wsj_0159"}}, "placeholder", "target", "source"}``.
+    ``train`` role's trees (:func:`spelled_words`). ``subtrees`` > 0 adds every phrase of
+    the ``train`` trees spanning that many words or more as a pair of its own, after the
+    whole trees (:func:`phrase_subtrees`; the other roles keep their sentences). Returns
+    ``{"splits": {role: {"trees", "words", "skipped", "files": "wsj_0001-wsj_0159"}},
+    "placeholder", "target", "source", "spelled_words"}``, plus ``"phrases"`` (how many were
+    added) with ``subtrees``.
     """
     if target not in TARGETS:
         raise DataError(f"parsing target must be one of {', '.join(TARGETS)}, got {target!r}")
@@ -579,17 +602,21 @@ def prepare_parsing(
     summary["spelled_words"] = len(spell)
     for role, (first, last) in splits.items():
         src_lines, tgt_lines, gold_lines = _parsing_lines(trees[role][0], placeholder, spell)
+        if role == "train" and subtrees > 0:
+            phrases = _parsing_lines(phrase_subtrees(trees[role][0], subtrees), placeholder, spell)
+            src_lines, tgt_lines = src_lines + phrases[0], tgt_lines + phrases[1]
+            summary["phrases"] = len(phrases[0])
         skipped = trees[role][1]
         contents[out_dir / f"{role}.src.txt"] = "".join(src_lines)
         contents[out_dir / f"{role}.tgt.txt"] = "".join(tgt_lines)
         contents[out_dir / f"{role}.gold.txt"] = "".join(gold_lines)
         summary["splits"][role] = {
-            "trees": len(src_lines),
-            "words": sum(len(s.split()) for s in src_lines),
+            "trees": len(gold_lines),
+            "words": sum(len(s.split()) for s in src_lines[:len(gold_lines)]),
             "skipped": skipped,
             "files": f"wsj_{first:04d}-wsj_{last:04d}",
         }
-        logger.info("parsing %s: %d trees from wsj_%04d-wsj_%04d", role, len(src_lines), first, last)
+        logger.info("parsing %s: %d trees from wsj_%04d-wsj_%04d", role, len(gold_lines), first, last)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     write_all_atomic(contents, durable=False)
