@@ -55,6 +55,8 @@ MATRIX: list[Case] = [
     Case("translate/truncated-checkpoint", "translate --checkpoint {truncated} -i {good}", "model.safetensors"),
     Case("translate/garbage-config", "translate --checkpoint {garbage_cfg} -i {good}", "config.yaml"),
     Case("translate/nan-weights", "translate --checkpoint {nan_weights} -i {good}", "NaN or infinite"),
+    Case("translate/prefix-count", "translate --checkpoint {ck} -i {good} --prefix-file {empty}", "empty.txt"),
+    Case("translate/negative-threads", "translate --checkpoint {ck} -i {good} --threads -1", "--threads -1"),
     # ---------------------------------------------------------------- evaluate
     Case("evaluate/missing-hyp", "evaluate --hyp {missing} --ref {ref}", "missing.txt: file not found"),
     Case("evaluate/empty-hyp", "evaluate --hyp {empty} --ref {ref}", "empty.txt"),
@@ -82,6 +84,7 @@ MATRIX: list[Case] = [
     Case("train/nan-override", "train --config {cfg} --run-dir {out} train.lr=nan", "train.lr"),
     Case("train/unknown-key", "train --config {cfg} --run-dir {out} train.lr_typo=1", "lr_typo"),
     Case("train/bogus-device", "train --config {cfg} --run-dir {out} --device bogus", "--device"),
+    Case("train/unknown-logger", "train --config {cfg} --run-dir {out} train.loggers=[mlflow]", "train.loggers"),
     Case("train/missing-data", "train --config {cfg} --run-dir {out} data.prepared_dir={missing}", "missing.txt"),
     Case("train/missing-resume", "train --config {cfg} --run-dir {out} --resume {missing}", "missing.txt"),
     Case("train/run-dir-nonempty", "train --config {cfg} --run-dir {nonempty}", "not empty"),
@@ -107,6 +110,8 @@ MATRIX: list[Case] = [
     Case("plot/attention-missing", "plot attention --checkpoint {missing} --text a", "missing.txt"),
     Case("serve/missing-checkpoint", "serve --checkpoint {missing}", "missing.txt"),
     Case("serve/bogus-device", "serve --checkpoint {ck} --device bogus", "--device"),
+    Case("serve/cors-origin-path", "serve --checkpoint {ck} --cors-origin https://example.com/app", "--cors-origin"),
+    Case("serve/api-key-not-ascii", "serve --checkpoint {ck} --api-key clé", "--api-key"),
     Case("demo/out-is-file", "demo --out {good}", "good.txt: exists and is not a directory"),
     Case("demo/out-nonempty", "demo --out {nonempty}", "not empty"),
 ]
