@@ -11,11 +11,13 @@ from aiayn.config import (
     DecodeConfig,
     DecodeOption,
     apply_overrides,
+    config_from_dict,
     decode_options,
     dump_config,
     load_config,
     model_preset,
     save_config,
+    to_dict,
 )
 from aiayn.errors import ConfigError
 
@@ -105,6 +107,10 @@ def test_overrides_typed() -> None:
     ("decode.lenpen_style=marian", "decode.lenpen_style"),
     ("data.on_invalid_utf8=ignore", "data.on_invalid_utf8"),
     ("data.vocab_size=2", "data.vocab_size"),
+    ("data.subword_alpha_src=1.5", "data.subword_alpha_src"),
+    ("data.subword_alpha_tgt=-0.1", "data.subword_alpha_tgt"),
+    ("data.subword_nbest=1", "data.subword_nbest"),
+    ("data.subword_nbest=513", "data.subword_nbest"),
 ])
 def test_validation_errors_name_the_field(override: str, field: str) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -178,3 +184,23 @@ def test_non_finite_numbers_are_refused(section: str, field: str, value: float) 
         cfg.validate()
     with pytest.raises(ConfigError, match=rf"^{section}\.{field}: must be a finite number"):
         apply_overrides(Config(), [f"{section}.{field}=.nan"] if value != value else [f"{section}.{field}={value}"])
+
+
+def test_subword_sampling_fields() -> None:
+    """Off by default; on as soon as either side's alpha is above 0; a YAML round trip keeps it."""
+    assert not Config().data.subword_sampling and Config().data.subword_nbest == 64
+    cfg = apply_overrides(Config(), ["data.subword_alpha_tgt=0.1", "data.subword_nbest=8"])
+    assert cfg.data.subword_sampling and (cfg.data.subword_alpha_src, cfg.data.subword_alpha_tgt) == (0.0, 0.1)
+    assert config_from_dict(to_dict(cfg)) == cfg
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_multi30k_de_en_is_en_de_reversed() -> None:
+    """configs/multi30k_de_en.yaml: German -> English, otherwise exactly the en-de recipe."""
+    de_en = load_config(REPO / "configs" / "multi30k_de_en.yaml")
+    en_de = load_config(REPO / "configs" / "multi30k_en_de.yaml")
+    assert (de_en.data.dataset, de_en.data.src_lang, de_en.data.tgt_lang) == ("multi30k", "de", "en")
+    en_de.data.src_lang, en_de.data.tgt_lang = "de", "en"
+    assert de_en == en_de

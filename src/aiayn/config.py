@@ -219,6 +219,18 @@ class DataConfig:
     max_len: int = 256
     max_len_ratio: float = 9.0
     on_invalid_utf8: str = "error"  # error | replace | skip
+    # Subword regularization (aiayn.data.sampling): in every epoch, each training sentence
+    # gets a new segmentation drawn from the tokenizer, deterministically in (train.seed,
+    # epoch, sentence), so a resumed run sees the same ones. Validation and test keep the
+    # one segmentation prepare wrote, and so does a side whose alpha is 0 (the default: off).
+    # `aiayn prepare` ignores these fields: they act when training batches are made.
+    # alpha, per side: for a BPE model, the probability of skipping each merge (BPE-dropout);
+    # for a unigram model, the exponent on a segmentation's likelihood (lower: flatter).
+    subword_alpha_src: float = 0.0
+    subword_alpha_tgt: float = 0.0
+    # Unigram models: the draw is among the nbest most likely segmentations (2..512, the
+    # range SentencePiece's n-best list allows). BPE-dropout has no such list and ignores it.
+    subword_nbest: int = 64
 
     def validate(self, prefix: str = "data") -> None:
         _check_finite(self, prefix)
@@ -239,6 +251,20 @@ class DataConfig:
             raise ConfigError(f"{prefix}.tgt_vocab_size: must be at least 8, got {self.tgt_vocab_size}")
         if self.synthetic is not None:
             _choice(prefix, "synthetic", self.synthetic, ("copy", "reverse", "sort", "toy"))
+        self._validate_subword_sampling(prefix)
+
+    def _validate_subword_sampling(self, prefix: str) -> None:
+        for name in ("subword_alpha_src", "subword_alpha_tgt"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{prefix}.{name}: must be in [0, 1] (0 = off), got {getattr(self, name)}")
+        # One candidate would not be a choice; SentencePiece lists at most 512.
+        if not 2 <= self.subword_nbest <= 512:
+            raise ConfigError(f"{prefix}.subword_nbest: must be in 2..512, got {self.subword_nbest}")
+
+    @property
+    def subword_sampling(self) -> bool:
+        """Whether training sentences are segmented afresh each epoch (either alpha above 0)."""
+        return self.subword_alpha_src > 0 or self.subword_alpha_tgt > 0
 
 
 # ------------------------------------------------------------------------ training

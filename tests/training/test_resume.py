@@ -6,6 +6,7 @@ checkpoint) and resumed must end with weights bit-identical to a run that never 
 
 import json
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -167,3 +168,40 @@ def test_sigkill_while_writing_a_checkpoint(tmp_path, prepared, reference):
     _train_here(["--config", str(cfg), "--run-dir", str(run)])
     assert not any(p.name.startswith(".tmp") for p in ckpts.iterdir())
     _assert_same_as_reference(run, reference)
+
+
+# ------------------------------------------------------------------ subword sampling
+
+SAMPLING = ["data.subword_alpha_src=0.3", "data.subword_alpha_tgt=0.3"]
+
+
+@pytest.fixture(scope="module")
+def bpe_prepared(tmp_path_factory) -> Path:
+    """Text with a BPE vocabulary (subword sampling needs one): 40 pairs of 1-3 words, ~10
+    batches an epoch once sampling lengthens them, so step 6 is mid-epoch and 12 in epoch 2."""
+    tmp = tmp_path_factory.mktemp("bpe")
+    rng = random.Random(0)
+    words = "a man woman dog cat rides walks on the street with red ball".split()
+    src = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) for _ in range(40)]
+    files = {}
+    for role, lines in (("train", src), ("valid", src[:8])):
+        for side, text in (("src", lines), ("tgt", [" ".join(reversed(x.split())) for x in lines])):
+            (tmp / f"{role}.{side}").write_text("\n".join(text) + "\n", encoding="utf-8")
+            files[f"{role}_{side}"] = str(tmp / f"{role}.{side}")
+    cfg = DataConfig(vocab_size=40, spm_model_type="bpe", **files)
+    return ensure_prepared(cfg, tmp / "prepared")
+
+
+def test_resume_mid_epoch_with_subword_sampling(tmp_path, bpe_prepared):
+    """New segmentations every epoch, drawn per (seed, epoch, sentence): a run stopped
+    mid-epoch and resumed in another process ends bit-identical to one that never stopped."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    _train_here(["--config", str(_config(tmp_path, bpe_prepared, TOTAL)), "--run-dir", str(ref), *SAMPLING])
+    assert "subword sampling (alpha source 0.3, target 0.3)" in (ref / "train.log").read_text()
+    half = _config(tmp_path, bpe_prepared, TOTAL // 2)
+    _train_here(["--config", str(half), "--run-dir", str(run), *SAMPLING])
+    state = json.loads((run / "checkpoints" / f"step_{TOTAL // 2:06d}" / "state.json").read_text())
+    assert state["data"]["epoch"] == 1 and state["data"]["offset"] > 0  # mid-epoch
+    _train(["--config", str(half), "--resume", str(run), f"train.max_steps={TOTAL}", *SAMPLING])
+    assert json.loads((run / "checkpoints" / f"step_{TOTAL:06d}" / "state.json").read_text())["data"]["epoch"] == 2
+    _assert_same_as_reference(run, ref)

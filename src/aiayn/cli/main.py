@@ -16,7 +16,7 @@ from aiayn.runtime import set_threads, tune_allocator
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (
-    "demo", "prepare", "train", "average", "translate", "evaluate", "parse", "serve", "plot",
+    "demo", "prepare", "train", "average", "translate", "evaluate", "tune_decoding", "parse", "serve", "plot",
     "export", "import_hf", "model_info",
 )
 

@@ -6,6 +6,7 @@ Modules (import them directly; this package imports nothing heavy on its own):
 - :mod:`.datasets`  known corpora (Multi30k, WMT14), mirrors, checksums, atomic downloads
 - :mod:`.binarize`  memory-mapped id arrays keyed by a hash of their inputs
 - :mod:`.batching`  token-budget batches, collation, deterministic shuffling, sharding, resume
+- :mod:`.sampling`  subword regularization: training sentences segmented afresh each epoch
 - :mod:`.synthetic` copy / reverse / sort / toy-language tasks from a seed
 - :mod:`.prepare`   all of the above for `aiayn prepare`: the prepared-data directory
 """

@@ -39,7 +39,12 @@ log = logging.getLogger(__name__)
 
 
 class SizedPairs(Protocol):
-    """What the batcher needs from a dataset (``TokenDataset`` and in-memory lists fit)."""
+    """What the batcher needs from a dataset (``TokenDataset`` and in-memory lists fit).
+
+    A dataset may also have ``padded(indices, side)`` (vectorized collation, as
+    ``TokenDataset``), or ``epoch_pairs(indices, epoch)``: its pairs differ by epoch
+    (``aiayn.data.sampling``), and ``src_sizes`` / ``tgt_sizes`` are what to batch by.
+    """
 
     src_sizes: np.ndarray
     tgt_sizes: np.ndarray
@@ -290,8 +295,12 @@ class BatchIterator:
         self.epoch += 1
         self.offset = 0
 
-    def make_batch(self, indices: np.ndarray) -> Batch:
+    def make_batch(self, indices: np.ndarray, epoch: int | None = None) -> Batch:
+        """The batch of sentences ``indices`` as in ``epoch`` (default: the current one)."""
         ds = self.dataset
+        per_epoch = getattr(ds, "epoch_pairs", None)
+        if per_epoch is not None:  # subword sampling (aiayn.data.sampling): new pieces in each epoch
+            return collate(per_epoch(indices, self.epoch if epoch is None else int(epoch)))
         padded = getattr(ds, "padded", None)
         if padded is not None:  # TokenDataset: vectorized gather from the memory map
             src, src_lens = padded(indices, "src")

@@ -24,6 +24,7 @@ from aiayn.checkpoint import io as ckpt_io
 from aiayn.config import Config, DecodeConfig, save_config
 from aiayn.data.batching import BatchIterator
 from aiayn.data.prepare import ensure_prepared, load_split, load_tokenizer, split_text
+from aiayn.data.sampling import training_pairs
 from aiayn.errors import AiaynError, ConfigError
 from aiayn.evaluation.bleu import corpus_bleu
 from aiayn.fileio import check_empty_dir
@@ -78,7 +79,9 @@ def build_data(cfg: Config, run_dir: Path, info: DistInfo) -> RunData:
         if not info.is_main:
             prepared = ensure_prepared(cfg.data, run_dir / "data")
     tokenizer = load_tokenizer(prepared)
-    train = BatchIterator(load_split(prepared, "train"), cfg.train.max_tokens, seed=cfg.train.seed,
+    # Subword sampling applies here, to the training split only: validation keeps its ids.
+    train_pairs = training_pairs(load_split(prepared, "train"), tokenizer, cfg)
+    train = BatchIterator(train_pairs, cfg.train.max_tokens, seed=cfg.train.seed,
                           shuffle=True, num_shards=info.world_size, shard_id=info.rank,
                           mode=cfg.train.max_tokens_mode)
     data = RunData(prepared, tokenizer, train)

@@ -24,9 +24,12 @@ live in the prepared-data directory and are copied into every checkpoint directo
 
 from __future__ import annotations
 
+import heapq
 import io
 import logging
+import math
 import os
+import random
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
@@ -114,6 +117,13 @@ class Tokenizer:
 
     def tokenize_tgt(self, text: str) -> list[str]:
         return self._tgt.encode(text, out_type=str)
+
+    def segmentation_sampler(self, side: str) -> SegmentationSampler:
+        """What draws other segmentations of this side's encoded sentences (subword
+        regularization); ``side`` is ``src`` or ``tgt``."""
+        if side not in ("src", "tgt"):
+            raise ValueError(f"side must be 'src' or 'tgt', got {side!r}")
+        return SegmentationSampler(self._src if side == "src" else self._tgt)
 
     # ------------------------------------------------------------------ files
 
@@ -298,6 +308,144 @@ def _chain(*texts: Texts) -> Iterator[str]:
             for line in t:
                 if line:
                     yield line
+
+
+# ---------------------------------------------------------------------- sampling
+
+
+class SegmentationSampler:
+    """Draws another segmentation of an encoded sentence (subword regularization), from a
+    random generator the caller seeds.
+
+    SentencePiece can sample by itself (``encode(..., enable_sampling=True)``), but from a
+    generator of its own whose seed does not make the draws repeatable from one process to
+    the next (sentencepiece 0.2: the same seed gives the same draws within a process, other
+    ones in the next), and exact resume needs them repeatable. So the draw is made here, by
+    the model's own rules, with a ``random.Random``:
+
+    * BPE models: BPE-dropout (Provilkov et al., 2020) as SentencePiece runs it: starting from
+      single characters, the adjacent pair whose merged piece scores best (the leftmost
+      among equals) is merged, again and again, and each merge is skipped with probability
+      ``alpha``. With ``alpha`` 0 that is SentencePiece's own segmentation (:meth:`replay`).
+    * unigram models: SentencePiece's n-best sampling: one of the ``nbest`` most likely
+      segmentations (its n-best list), drawn with probability proportional to the
+      segmentation's likelihood to the power ``alpha``.
+
+    The text is the sentence's own pieces (their concatenation is the normalized text that
+    SentencePiece segmented), so nothing is decoded and re-normalized for BPE. A sentence
+    holding a piece that does not stand for its text (unknown, byte, control) is left as it
+    is: :meth:`sample` returns None.
+    """
+
+    def __init__(self, sp: spm.SentencePieceProcessor) -> None:
+        self._sp = sp
+        n = sp.get_piece_size()
+        self._pieces = [sp.id_to_piece(i) for i in range(n)]
+        self._is_text = [not (sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i)) for i in range(n)]
+        self._scores = [float(sp.get_score(i)) for i in range(n)]
+        # What a merge may produce: SentencePiece's pieces other than control, unknown, byte.
+        self._ids = {p: i for i, p in enumerate(self._pieces) if self._is_text[i]}
+        self._merge_scores = {p: self._scores[i] for p, i in self._ids.items()}
+        self.kind = "unigram" if _has_nbest(sp) else "bpe"
+
+    def sample(self, ids: Sequence[int], alpha: float, nbest: int, rng: random.Random) -> list[int] | None:
+        """Piece ids of a segmentation of the text of ``ids`` (pieces only, no EOS) drawn with
+        ``rng``; None if ``ids`` holds a piece that is not text, or the draw holds a piece
+        outside the vocabulary."""
+        ids = [int(i) for i in ids]
+        if not all(self._is_text[i] for i in ids):
+            return None
+        if self.kind == "unigram":
+            return self._nbest_draw(ids, alpha, nbest, rng)
+        text = "".join(self._pieces[i] for i in ids)
+        return self._to_ids(bpe_merge(text, self._merge_scores, alpha, rng))
+
+    def replay(self, ids: Sequence[int]) -> list[int] | None:
+        """The deterministic segmentation recomputed from the text of ``ids`` (UNK for a piece
+        outside the vocabulary): ``ids`` again wherever :meth:`sample` follows this model's
+        rules, which makes it a check of that; None if ``ids`` holds a piece that is not text."""
+        ids = [int(i) for i in ids]
+        if not all(self._is_text[i] for i in ids):
+            return None
+        if self.kind == "unigram":
+            return list(self._sp.encode(self._sp.decode(ids)))
+        pieces = bpe_merge("".join(self._pieces[i] for i in ids), self._merge_scores, 0.0, None)
+        return [self._ids.get(p, UNK_ID) for p in pieces]
+
+    def _to_ids(self, pieces: list[str]) -> list[int] | None:
+        out = [self._ids.get(p) for p in pieces]
+        return None if any(i is None for i in out) else [i for i in out if i is not None]
+
+    def _nbest_draw(self, ids: list[int], alpha: float, nbest: int, rng: random.Random) -> list[int] | None:
+        candidates = self._sp.nbest_encode(self._sp.decode(ids), nbest_size=nbest, out_type=int)
+        if not candidates:
+            return None
+        # A segmentation's log-likelihood is the sum of its pieces' scores (log probabilities).
+        logp = [alpha * sum(self._scores[i] for i in c) for c in candidates]
+        top = max(logp)
+        weights = [math.exp(x - top) for x in logp]
+        u = rng.random() * sum(weights)
+        for candidate, w in zip(candidates, weights):
+            u -= w
+            if u < 0:
+                return list(candidate)
+        return list(candidates[-1])
+
+
+def bpe_merge(text: str, scores: dict[str, float], alpha: float, rng: random.Random | None) -> list[str]:
+    """SentencePiece's BPE encoding of ``text`` (normalized: spaces as U+2581) into pieces,
+    skipping each merge with probability ``alpha`` (BPE-dropout; ``rng`` draws, unused at 0).
+
+    As SentencePiece's ``bpe::Model::SampleEncode``: every adjacent pair whose concatenation
+    is a piece (``scores``: piece -> score) waits in a queue, best score first and leftmost
+    among equals; a popped pair that is out of date (either side merged since) is dropped, a
+    valid one is merged -- unless skipped, when it is dropped for good -- and the merged
+    symbol's pairs with its new neighbours join the queue.
+    """
+    symbols = list(text)
+    n = len(symbols)
+    prev = list(range(-1, n - 1))
+    nxt = list(range(1, n + 1))
+    if n:
+        nxt[-1] = -1
+    # Hot loop (every sentence, every epoch): bound methods in locals, pushes inlined.
+    get, push, pop = scores.get, heapq.heappush, heapq.heappop
+    draw = rng.random if rng is not None and alpha > 0 else None
+    agenda: list[tuple[float, int, int, int]] = []
+    for i in range(1, n):
+        score = get(symbols[i - 1] + symbols[i])
+        if score is not None:
+            push(agenda, (-score, i - 1, i, 2))
+    while agenda:
+        _, left, right, size = pop(agenda)
+        merged = symbols[left] + symbols[right]
+        if not symbols[left] or not symbols[right] or len(merged) != size:
+            continue  # out of date: a side was merged into something else since
+        if draw is not None and draw() < alpha:
+            continue
+        symbols[left] = merged
+        symbols[right] = ""
+        after = nxt[left] = nxt[right]
+        if after >= 0:
+            prev[after] = left
+            score = get(merged + symbols[after])
+            if score is not None:
+                push(agenda, (-score, left, after, len(merged) + len(symbols[after])))
+        before = prev[left]
+        if before >= 0:
+            score = get(symbols[before] + merged)
+            if score is not None:
+                push(agenda, (-score, before, left, len(symbols[before]) + len(merged)))
+    return [s for s in symbols if s]
+
+
+def _has_nbest(sp: spm.SentencePieceProcessor) -> bool:
+    """Whether the model lists n-best segmentations: unigram models do, BPE models do not."""
+    try:
+        sp.nbest_encode("a", nbest_size=2)
+    except RuntimeError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------- helpers
