@@ -108,6 +108,7 @@ def test_overrides_typed() -> None:
     ("data.on_invalid_utf8=ignore", "data.on_invalid_utf8"),
     ("data.vocab_size=2", "data.vocab_size"),
     ("data.subword_alpha_src=1.5", "data.subword_alpha_src"),
+    ("data.parsing_subtrees=-1", "data.parsing_subtrees"),
     ("data.subword_alpha_tgt=-0.1", "data.subword_alpha_tgt"),
     ("data.subword_nbest=1", "data.subword_nbest"),
     ("data.subword_nbest=513", "data.subword_nbest"),

@@ -212,6 +212,9 @@ class DataConfig:
     parsing_target: str = "placeholders"
     # With "words": words seen fewer times in the training trees stay placeholders.
     parsing_min_count: int = 2
+    # Train on every phrase of the training trees spanning this many words or more as well,
+    # each as a pair of its own (aiayn.data.trees.phrase_subtrees); 0: the whole trees only.
+    parsing_subtrees: int = 0
     # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training
     # one: needed to fine-tune a checkpoint (train.init_from) on new data.
     tokenizer_dir: str | None = None
@@ -236,6 +239,9 @@ class DataConfig:
         _check_finite(self, prefix)
         if self.vocab_size < 8:
             raise ConfigError(f"{prefix}.vocab_size: must be at least 8, got {self.vocab_size}")
+        if self.parsing_subtrees < 0:
+            raise ConfigError(f"{prefix}.parsing_subtrees: must be 0 (off) or a number of words, "
+                              f"got {self.parsing_subtrees}")
         if not 0.0 < self.character_coverage <= 1.0:
             raise ConfigError(f"{prefix}.character_coverage: must be in (0, 1]")
         if self.max_len < 1:

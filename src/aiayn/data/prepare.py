@@ -518,7 +518,7 @@ def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike,
     text_dir = make_temp_dir(out.with_name(out.name + "-text"))
     try:
         text_summary = prepare_parsing(Path(ptb_dir), text_dir, target=cfg.parsing_target,
-                                       min_count=cfg.parsing_min_count)
+                                       min_count=cfg.parsing_min_count, subtrees=cfg.parsing_subtrees)
         files: dict[str, Any] = {}
         gold: dict[str, Path] = {}
         for role in ROLES:
