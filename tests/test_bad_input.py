@@ -101,6 +101,10 @@ MATRIX: list[Case] = [
     Case("import/missing", "import hf {missing} {out}", "missing.txt"),
     Case("import/not-marian", "import hf {hf_pickle} {out}", "hf_pickle"),
     Case("import/out-nonempty", "import hf {hf_pickle} {nonempty}", "not empty"),
+    # ---------------------------------------------------------------- tune-decoding
+    Case("tune-decoding/zero-beam", "tune-decoding --checkpoint {ck} --input {good} --ref {ref} --beams 0", "--beams"),
+    Case("tune-decoding/test-split", "tune-decoding --checkpoint {ck} --dataset multi30k --split test_2016_flickr",
+         "--allow-test"),
     # ---------------------------------------------------------------- model-info, plot, serve, demo
     Case("model-info/bogus-preset", "model-info --preset huge-ish", "preset"),
     Case("model-info/nan-size", "model-info model.dropout=nan", "model.dropout"),
