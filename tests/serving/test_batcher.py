@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -17,17 +16,22 @@ from aiayn.serving.metrics import ServerMetrics  # noqa: E402
 
 
 class Scripted:
-    """Records every call; translates "x" to "T(x)"; raises on a text containing "bad"."""
+    """Records every call; translates "x" to "T(x)"; raises on a text containing "bad".
+    With ``gate``, the first call blocks until the test sets it: requests submitted
+    meanwhile must queue behind that call (event-driven, no sleeps)."""
 
-    def __init__(self, delay: float = 0.0) -> None:
+    def __init__(self, gate: threading.Event | None = None) -> None:
         self.calls: list[tuple[list[str], DecodeOptions]] = []
-        self.delay = delay
+        self.gate = gate
+        self.entered = threading.Event()
         self.lock = threading.Lock()
 
     def __call__(self, texts: list[str], nbest: int, attention: bool, overrides: dict[str, Any]) -> list[str]:
         with self.lock:
             self.calls.append((list(texts), DecodeOptions.make(nbest, attention, overrides)))
-        time.sleep(self.delay)
+        self.entered.set()
+        if self.gate is not None:
+            assert self.gate.wait(timeout=60), "the test never opened the gate"
         if any("bad" in t for t in texts):
             raise ValueError("scripted failure")
         return [f"T({t})" for t in texts]
@@ -41,26 +45,40 @@ def submit(b: DynamicBatcher, texts: list[str], options: DecodeOptions = OPTS):
 
 
 def test_concurrent_requests_share_model_calls_and_get_their_own_results() -> None:
-    fn = Scripted(delay=0.05)
-    b = DynamicBatcher(fn, window_ms=20)
+    gate = threading.Event()
+    fn = Scripted(gate)
+    b = DynamicBatcher(fn, window_ms=0)
     b.start()
-    futures = [submit(b, [f"s{i} a", f"s{i} b"]) for i in range(10)]
-    results = [f.result(timeout=10) for f in futures]
+    futures = [submit(b, ["s0 a", "s0 b"])]
+    assert fn.entered.wait(timeout=60)  # the model is busy with the first request ...
+    futures += [submit(b, [f"s{i} a", f"s{i} b"]) for i in range(1, 10)]
+    gate.set()  # ... so the nine others, queued meanwhile, share the next call
+    results = [f.result(timeout=60) for f in futures]
     b.close()
     for i, r in enumerate(results):
         assert r == [f"T(s{i} a)", f"T(s{i} b)"]
-    assert len(fn.calls) < 10
-    assert sum(len(texts) for texts, _ in fn.calls) == 20
+    assert [texts for texts, _ in fn.calls] == [["s0 a", "s0 b"], [f"s{i} {x}" for i in range(1, 10) for x in "ab"]]
 
 
 def test_the_window_lets_a_later_request_join() -> None:
+    # A window far longer than the test: the first request can only leave with the second,
+    # which fills the batch (2 sentences), so the batch goes at once, without waiting out the window.
     fn = Scripted()
-    b = DynamicBatcher(fn, window_ms=300)
+    b = DynamicBatcher(fn, window_ms=600_000, max_batch_sentences=2)
+    in_window = threading.Event()
+    idle_or_window_wait = b._cond.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        if timeout is not None:  # only the window's wait has a timeout
+            in_window.set()
+        return idle_or_window_wait(timeout)
+
+    b._cond.wait = wait  # type: ignore[method-assign]
     b.start()
     first = submit(b, ["one"])
-    time.sleep(0.05)
+    assert in_window.wait(timeout=60), "the worker never held the first request in its window"
     second = submit(b, ["two"])
-    assert first.result(timeout=10) == ["T(one)"] and second.result(timeout=10) == ["T(two)"]
+    assert first.result(timeout=60) == ["T(one)"] and second.result(timeout=60) == ["T(two)"]
     b.close()
     assert [texts for texts, _ in fn.calls] == [["one", "two"]]
 
@@ -129,7 +147,7 @@ def test_a_full_queue_refuses_and_counts() -> None:
 
 
 def test_close_finishes_queued_work_then_refuses() -> None:
-    fn = Scripted(delay=0.02)
+    fn = Scripted()
     b = DynamicBatcher(fn, enabled=False)
     futures = [submit(b, [f"q{i}"]) for i in range(4)]
     b.start()
