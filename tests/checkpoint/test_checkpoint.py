@@ -49,19 +49,35 @@ def test_round_trip(tmp_path, make_cfg):
             assert torch.equal(a["state"][pid][key], b["state"][pid][key])
 
 
-def test_no_wrapper_prefixes(tmp_path, make_cfg):
+class _Compiled(torch.nn.Module):  # what torch.compile looks like from the outside
+    def __init__(self, m):
+        super().__init__()
+        self._orig_mod = m
+
+
+class _Holder(torch.nn.Module):  # a wrapper whose state dict names start with "module." (as DDP's)
+    def __init__(self, m):
+        super().__init__()
+        self.module = m
+
+
+@pytest.mark.parametrize("wrap", [_Compiled, _Holder, lambda m: _Holder(_Compiled(_Holder(_Compiled(m))))],
+                         ids=["orig_mod", "module", "nested"])
+def test_no_wrapper_prefixes(tmp_path, make_cfg, wrap):
     cfg = make_cfg()
     model, _ = _trained(cfg)
-
-    class Wrapper(torch.nn.Module):  # what torch.compile looks like from the outside
-        def __init__(self, m):
-            super().__init__()
-            self._orig_mod = m
-
-    ck.save_checkpoint(tmp_path / "ck", Wrapper(model), cfg)
+    wrapped = wrap(model)
+    assert any(k.startswith(("_orig_mod.", "module.")) for k in wrapped.state_dict())
+    ck.save_checkpoint(tmp_path / "ck", wrapped, cfg)
     with safe_open(str(tmp_path / "ck" / "model.safetensors"), "pt") as f:
-        assert not [k for k in f.keys() if k.startswith(("_orig_mod.", "module."))]
-    ck.load_checkpoint(tmp_path / "ck")
+        saved = set(f.keys())
+    assert saved == set(model.state_dict()) - {"tgt_embed.weight"}  # the tied copy is an alias
+    loaded = ck.load_checkpoint(tmp_path / "ck").model
+    expected = model.state_dict()
+    got = loaded.state_dict()
+    assert list(got) == list(expected)
+    for name, tensor in expected.items():
+        assert torch.equal(got[name], tensor), name
 
 
 def test_rng_round_trip():

@@ -12,6 +12,7 @@ import torch
 from aiayn.cli.main import main
 from aiayn.config import Config, DecodeConfig, load_config, model_preset
 from aiayn.data.trees import is_well_formed, linearize, parse_tree, tree_to_string
+from aiayn.evaluation.parsing import OK, score_sentence
 from aiayn.inference.parsing import (
     PARSING_DECODE,
     Parser,
@@ -107,7 +108,24 @@ def test_random_model_gives_a_valid_tree_for_every_sentence(parsing_checkpoint: 
     # Random weights emit brackets at random: most outputs need repair, and it is counted.
     scores = score_parses(gold_trees, results[:len(gold_trees)])
     assert scores["repaired"] == sum(r.repaired for r in results[:len(gold_trees)]) > 0
-    assert scores["parsed"] == len(gold_trees) and 0.0 <= scores["f1"] <= 100.0
+    assert scores["parsed"] == len(gold_trees)
+    assert scores == _corpus_scores(gold_trees, results[:len(gold_trees)])
+    # Repaired random outputs match none of the 28 gold brackets: F1 is exactly 0 (EVALB's nan).
+    assert (scores["matched"], scores["gold_brackets"], scores["f1"]) == (0, 28, 0.0)
+
+
+def _corpus_scores(gold_trees: list, results: list[ParseResult]) -> dict:
+    """score_parses' figures rebuilt from the sentences' own EVALB counts (score_sentence,
+    checked against EVALB's output in tests/evaluation/test_evalb_reference.py): summed
+    brackets, then precision, recall and F1 from the sums (0.0 where EVALB prints nan)."""
+    per = [score_sentence(g, r.tree) for g, r in zip(gold_trees, results)]
+    assert all(s.status == OK for s in per)
+    matched, gold, test = (sum(getattr(s, k) for s in per) for k in ("matched", "gold_brackets", "test_brackets"))
+    p, r = (100.0 * matched / test if test else 0.0), (100.0 * matched / gold if gold else 0.0)
+    return {"precision": p, "recall": r, "f1": 2 * p * r / (p + r) if p + r else 0.0,
+            "exact_match": 100.0 * sum(s.exact for s in per) / len(per), "sentences": len(per), "skipped": 0,
+            "matched": matched, "gold_brackets": gold, "test_brackets": test, "parsed": len(results),
+            "repaired": sum(r.repaired for r in results)}
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +192,17 @@ def test_parse_path_with_scripted_outputs(gold_trees: list, tmp_path: Path) -> N
     assert [r.repaired for r in results] == [True, True, True, True]
     for r in results:
         _assert_valid(r)
-    assert score_parses(gold_trees[:4], results)["repaired"] == 4
+    scores = score_parses(gold_trees[:4], results)
+    assert scores["repaired"] == 4
+    assert scores == _corpus_scores(gold_trees[:4], results)
+    # Two right, two repaired: partly right, with figures the sentences' counts give.
+    mixed = {**bad, fake.seen[0]: outputs[fake.seen[0]], fake.seen[2]: outputs[fake.seen[2]]}
+    results = Parser(FakeTranslator(mixed)).parse(fake.seen[:4], beam=2, constrained=False)  # type: ignore[arg-type]
+    scores = score_parses(gold_trees[:4], results)
+    assert scores == _corpus_scores(gold_trees[:4], results)
+    # 12 of the 20 gold brackets found, 13 proposed: F1 = 2 x 12 / (20 + 13).
+    assert (scores["matched"], scores["gold_brackets"], scores["test_brackets"]) == (12, 20, 13)
+    assert scores["f1"] == pytest.approx(100 * 24 / 33) and scores["exact_match"] == 50.0
 
 
 def test_ptb_escape() -> None:

@@ -26,6 +26,18 @@ TRICKY = (
     + b"no final newline"
 )
 N_TRICKY = 8
+# TRICKY's lines as `aiayn translate` reads them (--on-invalid-utf8 replace): the CR of a
+# CRLF dropped, each invalid byte a U+FFFD, Unicode line separators kept inside the line.
+TRICKY_TEXTS = [
+    "a man is riding a bike",
+    "",
+    " ".join(["riding"] * 400),
+    "a dog \ufffd\ufffd on the street",
+    "windows line",
+    "   ",
+    "a cat\u2028with odd line breaks\x0c\x1c\x85 inside",
+    "no final newline",
+]
 
 
 def run_cli(argv: list[str], capsysbinary, monkeypatch, stdin: bytes | None = None) -> tuple[int, bytes, str]:
@@ -44,6 +56,13 @@ def run_cli(argv: list[str], capsysbinary, monkeypatch, stdin: bytes | None = No
         code = int(exc.code or 0)
     out, err = capsysbinary.readouterr()
     return code, out, err.decode("utf-8", "replace")
+
+
+def api_translations(checkpoint: Path, texts: list[str], dtype: str = "fp32", **overrides) -> list[str]:
+    """What the Python API gives for ``texts`` (the reference the CLI's lines must equal)."""
+    from aiayn.inference.translator import Translator
+
+    return Translator.from_checkpoint(checkpoint, dtype=dtype).translate(texts, **overrides)
 
 
 def _lines(out: bytes) -> list[str]:
@@ -66,7 +85,7 @@ def test_line_count_preserved_with_empty_long_and_invalid_lines(tiny_checkpoint,
                              capsysbinary, monkeypatch)
     assert code == 0, err
     lines = _lines(out)
-    assert len(lines) == N_TRICKY
+    assert lines == api_translations(tiny_checkpoint, TRICKY_TEXTS, max_len_b=3)
     assert lines[1] == "" and lines[5] == ""
     assert all(line for i, line in enumerate(lines) if i not in (1, 5))
     assert "translated 8 lines" in err
@@ -104,30 +123,34 @@ def test_stdin_invalid_utf8_delivers_earlier_lines_then_fails(tiny_checkpoint, c
                               "--max-len-b", "2", "--truncate"], capsysbinary, monkeypatch, stdin=TRICKY)
     assert code == 2
     assert "<stdin>:4: invalid UTF-8" in err
-    assert len(_lines(out)) == 3
+    assert _lines(out) == api_translations(tiny_checkpoint, TRICKY_TEXTS[:3], max_len_b=2)
 
 
 def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, tmp_path: Path) -> None:
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file), "--quiet",
             "--on-invalid-utf8", "replace", "--truncate", "--max-len-b", "3", "--nbest", "3"]
+    from aiayn.inference.translator import Translator
+
+    expected = Translator.from_checkpoint(tiny_checkpoint).translate_detailed(TRICKY_TEXTS, nbest=3, max_len_b=3)
     code, out, err = run_cli(base + ["--scores"], capsysbinary, monkeypatch)
     assert code == 0, err
     lines = _lines(out)
     assert len(lines) == N_TRICKY
-    for i, line in enumerate(lines):
-        fields = line.split("\t")
-        assert len(fields) == 6
-        scores = [float(s) for s in fields[1::2] if s]
-        assert scores == sorted(scores, reverse=True)
-        if i in (1, 5):
-            assert fields[0] == ""
+    for line, result in zip(lines, expected):
+        # TEXT<TAB>SCORE three times, the scores to 4 decimals; "" for a missing hypothesis.
+        hyps = result.hypotheses
+        fields = [x for h in hyps for x in (h.text, f"{h.score:.4f}")] + ["", ""] * (3 - len(hyps))
+        assert line.split("\t") == fields
+    assert [len(r.hypotheses) for r in expected] == [3, 1, 3, 3, 3, 1, 3, 3]  # empty lines: one ""
     out_file = tmp_path / "out.jsonl"
     code, out, err = run_cli(base + ["--format", "jsonl", "--output", str(out_file)], capsysbinary, monkeypatch)
     assert code == 0 and out == b""
     records = [json.loads(line) for line in out_file.read_text(encoding="utf-8").splitlines()]
     assert [r["line"] for r in records] == list(range(1, N_TRICKY + 1))
-    assert all(1 <= len(r["hypotheses"]) <= 3 for r in records)
-    assert [h["text"] for h in records[0]["hypotheses"]] == lines[0].split("\t")[0::2][:len(records[0]["hypotheses"])]
+    for record, result in zip(records, expected):
+        hyps = result.hypotheses
+        assert [(h["text"], h["tokens"]) for h in record["hypotheses"]] == [(h.text, h.tokens) for h in hyps]
+        assert [h["score"] for h in record["hypotheses"]] == pytest.approx([h.score for h in hyps], abs=1e-5)
 
 
 def test_bad_options_fail_before_output(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
@@ -160,7 +183,7 @@ def test_real_process_streams_stdin(tiny_checkpoint) -> None:
          "--buffer-size", "2", "--on-invalid-utf8", "replace", "--truncate"],
         input=TRICKY, capture_output=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr.decode()
-    assert len(_lines(proc.stdout)) == N_TRICKY
+    assert _lines(proc.stdout) == api_translations(tiny_checkpoint, TRICKY_TEXTS, max_len_b=2)
 
 
 def test_int8_translation(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
@@ -168,7 +191,7 @@ def test_int8_translation(tiny_checkpoint, tricky_file, capsysbinary, monkeypatc
             "--on-invalid-utf8", "replace", "--truncate"]
     code, out, err = run_cli([*args, "--dtype", "int8"], capsysbinary, monkeypatch)
     assert code == 0, err
-    assert len(_lines(out)) == N_TRICKY
+    assert _lines(out) == api_translations(tiny_checkpoint, TRICKY_TEXTS, dtype="int8")
     code, out, err = run_cli([*args, "--dtype", "int8", "--device", "cuda"], capsysbinary, monkeypatch)
     assert code == 2 and out == b"" and "Traceback" not in err
 

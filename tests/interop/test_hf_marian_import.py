@@ -17,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 from aiayn.checkpoint.io import load_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import DecodeConfig  # noqa: E402
+from aiayn.inference.translator import Translator  # noqa: E402
 from aiayn.interop.hf_marian import PAD_LOGIT_BIAS, InteropError, export_hf, import_hf  # noqa: E402
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer  # noqa: E402
 
@@ -264,11 +265,10 @@ def test_eos_and_pad_ids_of_imported_tokenizer(tmp_path: Path, helpers) -> None:
 
 def test_imported_checkpoint_translates_with_the_aiayn_translator(tmp_path: Path, helpers) -> None:
     """What `aiayn translate` and `aiayn serve` run: the same tokens as HF's greedy search."""
-    translator = pytest.importorskip("aiayn.inference.translator")
     src, tgt = helpers.toy_pairs(300, seed=16)
     hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)
     ckpt = import_hf(hf_dir, tmp_path / "ckpt")
-    tr = translator.Translator.from_checkpoint(ckpt)
+    tr = Translator.from_checkpoint(ckpt)
     texts = src[:10]
     results = tr.translate_detailed(texts, beam=1, max_len_a=0.0, max_len_b=20)
     rows = _rows(tr.tokenizer, hf_dir, "tgt")

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
@@ -40,36 +41,91 @@ def scrape(server) -> str:
     return r.text
 
 
+@pytest.fixture(scope="module")
+def api(tiny_checkpoint: Path):
+    """The Python API on the server's checkpoint: the reference for what it serves."""
+    from aiayn.inference.translator import Translator
+
+    return Translator.from_checkpoint(tiny_checkpoint)
+
+
+@pytest.fixture
+def reference(api, one_thread):
+    """``reference(texts, **kw)``: Translator.translate_detailed on one thread, as the server runs."""
+    return api.translate_detailed
+
+
 # ------------------------------------------------------------------ happy paths
 
 
-def test_server_limits_match(server) -> None:
-    assert server.limits == {"max_texts": MAX_TEXTS, "max_chars": MAX_CHARS, "max_body_bytes": MAX_BODY_BYTES}
+# Quick decoding for requests that only test the limits.
+QUICK = {"beam": 1, "max_len_a": 0.0, "max_len_b": 1}
+
+
+def test_limits_accept_the_limit_and_refuse_one_more(server, sentences: list[str]) -> None:
+    """Each limit the server was started with (conftest: --max-texts 8, --max-chars 300,
+    --max-body-bytes 16384), observed: a request at the limit is served, one over it is
+    refused with the documented status and code."""
+    ok = post(server, {"texts": ["a b"] * MAX_TEXTS, **QUICK})
+    assert ok.status_code == 200 and len(ok.json()["translations"]) == MAX_TEXTS
+    r = post(server, {"texts": ["a b"] * (MAX_TEXTS + 1), **QUICK})
+    assert (r.status_code, r.json()["error"]) == (422, "too_many_texts")
+
+    text = " ".join(sentences)[:MAX_CHARS].strip()
+    text += "x" * (MAX_CHARS - len(text))  # exactly MAX_CHARS characters
+    assert len(text) == MAX_CHARS
+    assert post(server, {"texts": [text], **QUICK}).status_code == 200
+    r = post(server, {"texts": [text + "x"], **QUICK})
+    assert (r.status_code, r.json()["error"]) == (422, "text_too_long")
+
+    body = json.dumps({"texts": ["a b"], **QUICK}).encode()
+    exact = body + b" " * (MAX_BODY_BYTES - len(body))  # JSON allows trailing whitespace
+    headers = {"Content-Type": "application/json"}
+    r = httpx.post(f"{server.url}/v1/translate", content=exact, headers=headers, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    r = httpx.post(f"{server.url}/v1/translate", content=exact + b" ", headers=headers, timeout=TIMEOUT)
+    assert (r.status_code, r.json()["error"]) == (413, "body_too_large")
 
 
 def test_health_and_model_info(server, tiny_checkpoint: Path) -> None:
+    from aiayn.checkpoint.io import load_checkpoint
+
     r = httpx.get(f"{server.url}/health", timeout=TIMEOUT)
     assert r.status_code == 200 and r.json()["status"] == "ok"
     info = httpx.get(f"{server.url}/v1/model", timeout=TIMEOUT).json()
+    loaded = load_checkpoint(tiny_checkpoint)
     assert info["languages"] == {"source": "en", "target": "xx"}
     assert info["config"]["model"]["n_heads"] == 4
-    assert info["vocabulary"]["joint"] is True
+    assert info["vocabulary"] == {"source": loaded.tokenizer.src_vocab_size, "target": loaded.tokenizer.tgt_vocab_size,
+                                  "joint": True}
     assert info["vocabulary"]["source"] == info["config"]["model"]["src_vocab_size"]
-    assert info["parameters"]["parameters"] > 0
-    assert info["limits"]["max_texts"] == MAX_TEXTS
+    # The checkpoint's unique parameters (the tied embedding and projection counted once).
+    assert info["parameters"]["parameters"] == sum(p.numel() for p in loaded.model.parameters())
+    assert info["parameters"]["parameters"] == sum(v for k, v in info["parameters"].items() if k != "parameters")
+    assert info["limits"] == {"max_texts": MAX_TEXTS, "max_chars": MAX_CHARS, "max_body_bytes": MAX_BODY_BYTES,
+                              "max_positions": loaded.config.model.max_positions}
     assert info["batching"]["enabled"] is True
 
 
-def test_translate_happy_path(server, sentences: list[str]) -> None:
+def test_translate_happy_path(server, sentences: list[str], reference) -> None:
+    """The served translations and scores are Translator.translate_detailed's for the same
+    texts on the same checkpoint (the same fp32 path: scores to 1e-5)."""
     texts = sentences[:3]
     r = post(server, {"texts": texts})
     assert r.status_code == 200, r.text
     body = r.json()
     assert set(body) == {"translations", "scores"}  # n-best and attention only when asked
-    assert len(body["translations"]) == 3 and all(isinstance(t, str) for t in body["translations"])
-    assert len(body["scores"]) == 3
+    expected = reference(texts)
+    assert body["translations"] == [res.best.text for res in expected]
+    assert body["scores"] == pytest.approx([res.best.score for res in expected], abs=1e-5, rel=0)
     again = post(server, {"texts": texts}).json()
-    assert again["translations"] == body["translations"]  # deterministic
+    assert again == body  # deterministic
+    # Decoding options in the request are the API's keyword overrides.
+    options = {"beam": 2, "lenpen": 1.0, "max_len_a": 0.5, "max_len_b": 3}
+    body = post(server, {"texts": texts, **options}).json()
+    expected = reference(texts, **options)
+    assert body["translations"] == [res.best.text for res in expected]
+    assert body["scores"] == pytest.approx([res.best.score for res in expected], abs=1e-5, rel=0)
 
 
 def test_translations_come_back_in_input_order(server, sentences: list[str]) -> None:
@@ -85,20 +141,26 @@ def test_translations_come_back_in_input_order(server, sentences: list[str]) -> 
     assert plain["translations"] == body["translations"]
 
 
-def test_nbest(server, sentences: list[str]) -> None:
+def test_nbest(server, sentences: list[str], reference) -> None:
     body = post(server, {"texts": sentences[:2], "beam": 4, "nbest": 3}).json()
     assert len(body["nbest"]) == 2
-    for best, cands in zip(body["translations"], body["nbest"]):
+    expected = reference(sentences[:2], nbest=3, beam=4)
+    for best, cands, res in zip(body["translations"], body["nbest"], expected):
         assert len(cands) == 3
         assert cands[0]["text"] == best
         scores = [c["score"] for c in cands]
         assert scores == sorted(scores, reverse=True)
-        assert all(isinstance(c["text"], str) for c in cands)
+        assert [c["text"] for c in cands] == [h.text for h in res.hypotheses]
+        assert scores == pytest.approx([h.score for h in res.hypotheses], abs=1e-5, rel=0)
 
 
-def test_attention_payload_shape(server, sentences: list[str]) -> None:
+def test_attention_payload_shape(server, sentences: list[str], reference) -> None:
     body = post(server, {"texts": sentences[:2], "attention": True, "beam": 2}).json()
-    for att in body["attention"]:
+    expected = reference(sentences[:2], attention=True, beam=2)
+    for att, res in zip(body["attention"], expected):
+        # The API's pieces and weights, rounded to the 4 decimals the server sends.
+        assert (att["src_tokens"], att["tgt_tokens"]) == (res.best.src_pieces, res.best.tgt_pieces)
+        torch.testing.assert_close(torch.tensor(att["weights"]), res.best.attention, atol=5e-5 + 1e-6, rtol=0)
         n_src, n_tgt = len(att["src_tokens"]), len(att["tgt_tokens"])
         assert (att["layers"], att["heads"]) == (2, 4)  # the tiny preset's decoder
         w = att["weights"]
@@ -226,7 +288,7 @@ def test_unknown_path_and_method_are_json(server) -> None:
     assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
 
 
-def test_a_failing_request_never_affects_the_others(server, sentences: list[str]) -> None:
+def test_a_failing_request_never_affects_the_others(server, sentences: list[str], reference) -> None:
     bad = [{"texts": ["a"], "nbets": 1}, {"texts": ["a b", LONG_TEXT]}, {"texts": "x"},
            {"texts": ["a"], "beam": 1, "nbest": 2}]
     jobs = []
@@ -240,12 +302,13 @@ def test_a_failing_request_never_affects_the_others(server, sentences: list[str]
     for (body, ok), r in zip(jobs, responses):
         if ok:
             assert r.status_code == 200, r.text
-            assert len(r.json()["translations"]) == len(body["texts"])
+            # Batched with whatever else arrived: still these texts' own translations.
+            assert r.json()["translations"] == [res.best.text for res in reference(body["texts"])]
         else:
             assert r.status_code == 422, r.text
 
 
-def test_metrics_counters_move(server, sentences: list[str]) -> None:
+def test_metrics_counters_move(server, sentences: list[str], api, reference) -> None:
     before = scrape(server)
     assert post(server, {"texts": sentences[:2]}).status_code == 200
     assert post(server, {"texts": ["a"], "nbets": 2}).status_code == 422
@@ -259,8 +322,11 @@ def test_metrics_counters_move(server, sentences: list[str]) -> None:
     assert delta("aiayn_http_errors_total", code="unknown_field", status="422") == 1
     assert delta("aiayn_http_request_duration_seconds_count", path="/v1/translate") == 2
     assert delta("aiayn_sentences_total") == 2
-    assert delta("aiayn_batches_total") >= 1
-    assert delta("aiayn_source_tokens_total") >= 2
+    assert delta("aiayn_batches_total") == 1  # one request alone: one batch of its 2 texts
+    assert delta("aiayn_batch_sentences_sum") == 2 and delta("aiayn_batch_sentences_count") == 1
+    assert delta("aiayn_batch_requests_sum") == 1
+    assert delta("aiayn_source_tokens_total") == sum(api.source_lengths(sentences[:2]))  # EOS included
+    assert delta("aiayn_target_tokens_total") == sum(len(res.best.tokens) for res in reference(sentences[:2]))
     assert delta("aiayn_model_seconds_total") > 0
     assert metric(after, "aiayn_target_tokens_per_second") > 0
     assert "# TYPE aiayn_http_request_duration_seconds histogram" in after
@@ -274,9 +340,14 @@ def test_concurrent_requests_are_batched(server, sentences: list[str]) -> None:
         responses = list(pool.map(lambda s: post(server, {"texts": [s]}), sentences[:32]))
     assert all(r.status_code == 200 for r in responses)
     after = scrape(server)
-    batches = metric(after, "aiayn_batches_total") - metric(before, "aiayn_batches_total")
+
+    def delta(name: str) -> float:
+        return metric(after, name) - metric(before, name)
+
     # 32 requests from 16 clients: the batcher must have merged some of them.
-    assert batches < 32
+    assert delta("aiayn_batches_total") < 32
+    assert delta("aiayn_batch_requests_sum") == 32 and delta("aiayn_sentences_total") == 32
+    assert delta("aiayn_batch_requests_count") == delta("aiayn_batches_total")
 
 
 # ------------------------------------------------------------------ overload and shutdown

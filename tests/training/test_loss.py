@@ -43,10 +43,25 @@ def test_padding_ignored_and_mean():
 
 
 def test_bf16_logits_computed_in_fp32():
-    logits = torch.randn(2, 3, 9).bfloat16()
-    target = torch.randint(1, 9, (2, 3))
+    """bf16 logits give the float32 loss of the same (exactly representable) values: the
+    log-softmax runs in float32. A bf16 log-softmax is off by ~1e-2 here (bf16 keeps 8 bits
+    of mantissa: log-probs near -5 are rounded to multiples of 1/32)."""
+    torch.manual_seed(2)
+    logits = (torch.randn(2, 3, 900) * 4).bfloat16()
+    target = torch.randint(1, 900, (2, 3))
+    target[1, 2] = 0  # padding
     loss, nll = label_smoothed_nll_loss(logits, target, 0.1)
+    ref_loss, ref_nll = label_smoothed_nll_loss(logits.float(), target, 0.1)
     assert loss.dtype == torch.float32 and nll.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-6, atol=0.0)
+    # The float32 reference itself, spelled out in float64 from the rounded logits.
+    lp = torch.log_softmax(logits.double(), -1)
+    keep = target != 0
+    exact_nll = -lp.gather(-1, target[..., None])[..., 0][keep].sum()
+    exact_loss = (0.9 - 0.1 / 899) * exact_nll + 0.1 / 899 * -lp.sum(-1)[keep].sum()
+    assert math.isclose(nll.item(), exact_nll.item(), rel_tol=1e-5)
+    assert math.isclose(loss.item(), exact_loss.item(), rel_tol=1e-5)
 
 
 def _unfused(h, w, b, t, eps, ignore):

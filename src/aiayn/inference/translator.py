@@ -142,6 +142,8 @@ class Translator:
         half = resolve_dtype(dtype, self.device)
         autocast = half if half is torch.bfloat16 and BF16_MODE == "autocast" else None
         weights = torch.int8 if dtype == "int8" else (None if autocast is not None else half)
+        # Counted on the trained model: an int8 copy keeps its weights outside nn.Parameters.
+        self.parameters = count_parameters(model)
         prepared = prepare_for_inference(model.to(self.device).eval(), dtype=weights)
         self.model = prepared.model
         self.decoder = IncrementalDecoder(prepared, autocast=autocast)
@@ -205,7 +207,7 @@ class Translator:
                 "languages": {"source": cfg.data.src_lang, "target": cfg.data.tgt_lang},
                 "vocabulary": {"source": tok.src_vocab_size, "target": tok.tgt_vocab_size,
                                "joint": bool(getattr(tok, "joint", False))},
-                "parameters": count_parameters(self.model)}
+                "parameters": self.parameters}
 
     def translate(self, texts: Sequence[str], **decode_overrides: Any) -> list[str]:
         """The best translation of each text, in input order.
