@@ -103,27 +103,34 @@ def _dataset_text(args: argparse.Namespace, src: str, tgt: str) -> tuple[list[st
     return sources, refs, f"{args.dataset} {split} {src}-{tgt}"
 
 
-def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], str, str | None]:
-    from tqdm import tqdm
-
+def sources_and_references(args: argparse.Namespace, translator: Any) -> tuple[list[str], list[list[str]], str, str]:
+    """What a checkpoint is scored on: the sources, the reference streams, what they are (for
+    the output) and the target language; a known ``--dataset`` split, or ``--input`` with its
+    ``--ref`` files (line counts checked). Also used by `aiayn tune-decoding`."""
     from aiayn.cli.translate import read_file_lines
     from aiayn.evaluation.bleu import read_lines
-    from aiayn.inference.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
     data_cfg = translator.config.data
     src, tgt = args.src or data_cfg.src_lang, args.tgt or data_cfg.tgt_lang
     if args.dataset:
         sources, refs, what = _dataset_text(args, src, tgt)
-        streams = [refs]
-    else:
-        sources = read_file_lines(Path(args.input), args.on_invalid_utf8)
-        streams = [read_lines(r, args.on_invalid_utf8) for r in args.ref]
-        what = args.input
+        return sources, [refs], what, tgt
+    sources = read_file_lines(Path(args.input), args.on_invalid_utf8)
+    streams = [read_lines(r, args.on_invalid_utf8) for r in args.ref]
     for path, stream in zip(args.ref, streams):
         if len(stream) != len(sources):
             raise AiaynError(f"{path} has {len(stream)} lines but {args.input} has {len(sources)}; "
                              "the line counts must match")
+    return sources, streams, args.input, tgt
+
+
+def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], str, str | None]:
+    from tqdm import tqdm
+
+    from aiayn.inference.translator import Translator
+
+    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
+    sources, streams, what, tgt = sources_and_references(args, translator)
     overrides = options.decode_overrides(args)
     with tqdm(total=len(sources), unit="sent", file=sys.stderr, disable=args.quiet, desc="translate") as bar:
         results = translator.translate_detailed(sources, nbest=1, progress=bar.update, **overrides)

@@ -100,23 +100,9 @@ def _check_split(args: argparse.Namespace) -> None:
 
 def _texts(args: argparse.Namespace, translator: Any) -> tuple[list[str], list[list[str]], str, str]:
     """Sources, reference streams, what they are (for the output) and the target language."""
-    from aiayn.cli.evaluate import _dataset_text
-    from aiayn.cli.translate import read_file_lines
-    from aiayn.evaluation.bleu import read_lines
+    from aiayn.cli.evaluate import sources_and_references
 
-    data_cfg = translator.config.data
-    src, tgt = args.src or data_cfg.src_lang, args.tgt or data_cfg.tgt_lang
-    if args.dataset:
-        sources, refs, what = _dataset_text(args, src, tgt)
-        streams = [refs]
-    else:
-        sources = read_file_lines(Path(args.input), args.on_invalid_utf8)
-        streams = [read_lines(r, args.on_invalid_utf8) for r in args.ref]
-        what = args.input
-        for path, stream in zip(args.ref, streams):
-            if len(stream) != len(sources):
-                raise AiaynError(f"{path} has {len(stream)} lines but {args.input} has {len(sources)}; "
-                                 "the line counts must match")
+    sources, streams, what, tgt = sources_and_references(args, translator)
     if not sources:
         raise AiaynError(f"{what}: no lines to translate (the file is empty)")
     return sources, streams, what, tgt
