@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny seeded configurations and the offline data mirror."""
+"""Shared fixtures: tiny seeded configurations and the offline data mirror; and, under
+``CI=true``, the rule that a missing prerequisite fails the run instead of skipping."""
 
 from __future__ import annotations
 
@@ -12,7 +13,48 @@ from aiayn.config import Config, DataConfig, ModelConfig, TrainConfig, model_pre
 
 REPO = Path(__file__).resolve().parents[1]
 # ../shared/data beside the checkout: real corpora, used as an offline download mirror.
-MIRROR = REPO.parent / "shared" / "data"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", REPO.parent / "shared" / "data"))
+
+pytest_plugins = ["pytester"]
+
+# A skip CI accepts names a feature of the machine (a platform, a kernel, a daemon), never a
+# missing install: its reason starts with this.
+PLATFORM = "platform: "
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str | None:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return None
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def _fail_missing_prerequisite(report: pytest.CollectReport | pytest.TestReport) -> None:
+    """Locally a missing data mirror, browser or extra skips with its reason; under CI=true
+    it is a failure, so that a green CI means every test ran."""
+    reason = _skip_reason(report)
+    if reason is None or reason.startswith(PLATFORM) or not _in_ci():
+        return
+    report.outcome = "failed"
+    report.longrepr = f"CI=true and a prerequisite is missing (locally this skips): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> object:
+    outcome = yield
+    _fail_missing_prerequisite(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> object:
+    outcome = yield
+    _fail_missing_prerequisite(outcome.get_result())
+
 
 # Two cores on CI: keep torch from oversubscribing when pytest runs alongside builds.
 torch.set_num_threads(int(os.environ.get("AIAYN_TEST_THREADS", "2")))

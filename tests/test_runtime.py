@@ -13,7 +13,7 @@ def _run(env_extra: dict[str, str]) -> str:
                           check=True).stdout.strip()
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="platform: glibc mallopt")
 def test_allocator_tuned_once_on_glibc_and_opt_out_respected():
     assert _run({}) == "True True"  # second call: already applied, same answer
     assert _run({"AIAYN_MALLOC": "system"}) == "False False"

@@ -19,7 +19,7 @@ from aiayn.data.synthetic import generate
 
 REPO = Path(__file__).resolve().parents[1]
 TUTORIAL = REPO / "docs" / "tutorial.md"
-MIRROR = REPO.parent / "shared" / "data"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", REPO.parent / "shared" / "data"))
 PAIRS, HELD_OUT = 400, 40
 CONFIG = "configs/multi30k_en_de.yaml"
 # The tutorial's configuration, small and short: 30 steps, a checkpoint every 5 (so that

@@ -4,6 +4,7 @@ errors without tracebacks or leftovers, reuse of unchanged parts, the parsing ho
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from aiayn.data.prepare import (
 from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 
-MIRROR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 SRC = ["a small dog runs", "the red house", "two men play football in the park", "hello there"] * 10
 TGT = ["ein kleiner hund rennt", "das rote haus", "zwei männer spielen fußball im park", "hallo da"] * 10

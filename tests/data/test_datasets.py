@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import re
 import tarfile
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from aiayn.data import datasets as ds
 from aiayn.errors import DataError
 
-MIRROR = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 @pytest.fixture(autouse=True)

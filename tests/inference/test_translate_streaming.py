@@ -302,7 +302,7 @@ def test_a_partial_with_extra_bytes_is_cut_back_on_resume(tmp_path: Path) -> Non
 
 
 def test_two_runs_cannot_write_the_same_partial(tmp_path: Path) -> None:
-    pytest.importorskip("fcntl")
+    pytest.importorskip("fcntl", reason="platform: no fcntl (not POSIX)")
     from aiayn.errors import AiaynError
 
     out = tmp_path / "out.txt"

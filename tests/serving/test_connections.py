@@ -176,15 +176,17 @@ def test_busy_connections_at_the_cap_give_503_with_retry_after(guarded) -> None:
         for sock in busy:  # headers complete, body pending: a request in progress
             sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 50\r\n\r\n{")
-        time.sleep(0.2)
         with _connect(guarded.url) as extra:
             raw = _read_all(extra)
+        # Each of the six was busy (in its body, not idle): each ends with the body's 408.
+        # Reading until the server closes them is the event the test waits for, not a sleep.
+        ends = [_status_and_body(_read_all(sock)) for sock in busy]
     status, body = _status_and_body(raw)
     assert status == 503
     assert body["error"] == "too_many_connections"
     assert b"retry-after: 1" in raw.lower()
-    # Once the stalled bodies time out, the server takes connections again.
-    time.sleep(BODY_TIMEOUT + 0.5)
+    assert [(code, "body" in b["message"]) for code, b in ends] == [(408, True)] * MAX_CONNECTIONS
+    # With the stalled bodies closed, the server takes connections again.
     assert httpx.get(f"{guarded.url}/health", timeout=30).status_code == 200
 
 
@@ -196,7 +198,9 @@ def test_a_stalled_body_does_not_hold_shutdown_open(serve_load: ModuleType, tiny
         with _connect(srv.url) as sock:
             sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 100\r\n\r\n{")
-            time.sleep(0.3)
+            # The server holds this connection (2 open: it and the metrics request) before
+            # the signal: polled a bounded number of times, no sleep.
+            assert any(_metric(srv.url, "aiayn_http_connections_open") == 2 for _ in range(200))
             srv.proc.send_signal(signal.SIGTERM)
             srv.proc.wait(120)
             assert _read_all(sock) == b""  # closed without an answer: the request never arrived

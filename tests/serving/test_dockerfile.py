@@ -142,14 +142,14 @@ def test_the_command_line_is_one_aiayn_serve_accepts(steps: list[tuple[str, str]
 
 def _docker_unavailable() -> str | None:
     if shutil.which("docker") is None:
-        return "no docker client installed"
+        return "platform: no docker client installed"
     try:
         info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
-        return "`docker info` did not answer within 60 s"
+        return "platform: `docker info` did not answer within 60 s"
     if info.returncode != 0:
         last = (info.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"no Docker daemon (`docker info`: {last})"
+        return f"platform: no Docker daemon (`docker info`: {last})"
     return None
 
 
