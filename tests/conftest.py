@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -104,3 +105,25 @@ def make_cfg():
     """``make_cfg(**train_fields) -> Config`` of a tiny model (fixtures: importable helpers
     do not work under --import-mode=importlib)."""
     return tiny_cfg
+
+
+class ListedPairs:
+    """Given (source, target) id sequences in memory, as the batcher's SizedPairs."""
+
+    def __init__(self, pairs: list[tuple[list[int] | np.ndarray, list[int] | np.ndarray]]) -> None:
+        self.pairs = [(np.asarray(s), np.asarray(t)) for s, t in pairs]
+        self.src_sizes = np.array([len(s) for s, _ in self.pairs])
+        self.tgt_sizes = np.array([len(t) for _, t in self.pairs])
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.pairs[i]
+
+
+@pytest.fixture
+def listed_pairs():
+    """``listed_pairs([(src_ids, tgt_ids), ...]) -> ListedPairs`` (a fixture: importable
+    helpers do not work under --import-mode=importlib)."""
+    return ListedPairs

@@ -109,26 +109,13 @@ def test_unigram_nbest_draws(tmp_path: Path) -> None:
     assert all(sampler.sample(ids, 50.0, 4, random.Random(s)) == best[0] for s in range(10))
 
 
-def test_a_word_model_cannot_be_sampled(tmp_path: Path) -> None:
+def test_a_word_model_cannot_be_sampled(tmp_path: Path, listed_pairs) -> None:
     sents = ["s1 s2 s3", "s2 s3 s4", "s4 s1"]
     tok = train_tokenizer(sents, sents, tmp_path, 12, model_type="word")
-    ds = _Listed([(tok.encode_src(s), tok.encode_tgt(s)) for s in sents])
+    ds = listed_pairs([(tok.encode_src(s), tok.encode_tgt(s)) for s in sents])
     with pytest.raises(ConfigError, match=r"^data\.subword_alpha_tgt: the target tokenizer's segmentation "
                                           r"cannot be replayed"):
         SampledPairs(ds, tok, alpha_src=0.0, alpha_tgt=0.1, max_tokens=100)
-
-
-class _Listed:
-    def __init__(self, pairs: list[tuple[list[int], list[int]]]) -> None:
-        self.pairs = [(np.array(s), np.array(t)) for s, t in pairs]
-        self.src_sizes = np.array([len(s) for s, _ in self.pairs])
-        self.tgt_sizes = np.array([len(t) for _, t in self.pairs])
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.pairs[i]
 
 
 # ------------------------------------------------------------------ determinism

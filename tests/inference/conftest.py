@@ -3,7 +3,10 @@ CLI tests; built once per session."""
 
 from __future__ import annotations
 
+import io
 import random
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -63,3 +66,30 @@ def second_checkpoint(tiny_checkpoint: Path) -> Path:
 @pytest.fixture
 def english() -> list[str]:
     return _sentences(WORDS_EN, 12, 5)
+
+
+@pytest.fixture
+def run_cli(capsysbinary: pytest.CaptureFixture[bytes],
+            monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, bytes, str]]:
+    """``run_cli(argv, stdin=None) -> (exit code, stdout bytes, stderr text)``: ``aiayn`` run
+    in this process, ``stdin`` (bytes) given as a non-terminal standard input."""
+    from aiayn.cli.main import main
+
+    def run(argv: list[str], stdin: bytes | None = None) -> tuple[int, bytes, str]:
+        if stdin is not None:
+            class FakeStdin:
+                buffer = io.BytesIO(stdin)
+
+                def isatty(self) -> bool:
+                    return False
+
+            monkeypatch.setattr(sys, "stdin", FakeStdin())
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsysbinary.readouterr()
+        return code, out, err.decode("utf-8", "replace")
+
+    return run

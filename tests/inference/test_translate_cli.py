@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
@@ -12,8 +11,6 @@ import typing
 from pathlib import Path
 
 import pytest
-
-from aiayn.cli.main import main
 
 TRICKY = (
     b"a man is riding a bike\n"
@@ -40,24 +37,6 @@ TRICKY_TEXTS = [
 ]
 
 
-def run_cli(argv: list[str], capsysbinary, monkeypatch, stdin: bytes | None = None) -> tuple[int, bytes, str]:
-    if stdin is not None:
-        class FakeStdin:
-            buffer = io.BytesIO(stdin)
-
-            def isatty(self) -> bool:
-                return False
-
-        monkeypatch.setattr(sys, "stdin", FakeStdin())
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsysbinary.readouterr()
-    return code, out, err.decode("utf-8", "replace")
-
-
 def api_translations(checkpoint: Path, texts: list[str], dtype: str = "fp32", **overrides) -> list[str]:
     """What the Python API gives for ``texts`` (the reference the CLI's lines must equal)."""
     from aiayn.inference.translator import Translator
@@ -78,11 +57,9 @@ def tricky_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_line_count_preserved_with_empty_long_and_invalid_lines(tiny_checkpoint, tricky_file, capsysbinary,
-                                                                monkeypatch) -> None:
+def test_line_count_preserved_with_empty_long_and_invalid_lines(tiny_checkpoint, tricky_file, run_cli) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-                              "--on-invalid-utf8", "replace", "--truncate", "--max-len-b", "3"],
-                             capsysbinary, monkeypatch)
+                              "--on-invalid-utf8", "replace", "--truncate", "--max-len-b", "3"])
     assert code == 0, err
     lines = _lines(out)
     assert lines == api_translations(tiny_checkpoint, TRICKY_TEXTS, max_len_b=3)
@@ -91,48 +68,46 @@ def test_line_count_preserved_with_empty_long_and_invalid_lines(tiny_checkpoint,
     assert "translated 8 lines" in err
 
 
-def test_a_line_over_the_positions_is_an_error_without_truncate(tiny_checkpoint, tricky_file, capsysbinary,
-                                                                monkeypatch) -> None:
+def test_a_line_over_the_positions_is_an_error_without_truncate(tiny_checkpoint, tricky_file, run_cli) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-                              "--on-invalid-utf8", "replace"], capsysbinary, monkeypatch)
+                              "--on-invalid-utf8", "replace"])
     assert code == 2 and out == b""
     assert f"{tricky_file}:3: 401 source tokens (with EOS); the model has 64 positions" in err
 
 
-def test_invalid_utf8_is_an_error_naming_the_line(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
-    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file)],
-                             capsysbinary, monkeypatch)
+def test_invalid_utf8_is_an_error_naming_the_line(tiny_checkpoint, tricky_file, run_cli) -> None:
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file)])
     assert code == 2
     assert f"{tricky_file}:4: invalid UTF-8" in err
     assert out == b""  # a file is checked whole before anything is translated
     assert "Traceback" not in err
 
 
-def test_stdin_streaming_equals_file(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+def test_stdin_streaming_equals_file(tiny_checkpoint, tricky_file, run_cli) -> None:
     args = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--truncate",
             "--max-len-b", "3", "--quiet"]
-    _, from_file, _ = run_cli(args + ["--input", str(tricky_file)], capsysbinary, monkeypatch)
+    _, from_file, _ = run_cli(args + ["--input", str(tricky_file)])
     for size in ("1", "3", "100"):
-        code, from_stdin, err = run_cli(args + ["--buffer-size", size], capsysbinary, monkeypatch, stdin=TRICKY)
+        code, from_stdin, err = run_cli(args + ["--buffer-size", size], stdin=TRICKY)
         assert code == 0, err
         assert from_stdin == from_file
 
 
-def test_stdin_invalid_utf8_delivers_earlier_lines_then_fails(tiny_checkpoint, capsysbinary, monkeypatch) -> None:
+def test_stdin_invalid_utf8_delivers_earlier_lines_then_fails(tiny_checkpoint, run_cli) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--buffer-size", "10",
-                              "--max-len-b", "2", "--truncate"], capsysbinary, monkeypatch, stdin=TRICKY)
+                              "--max-len-b", "2", "--truncate"], stdin=TRICKY)
     assert code == 2
     assert "<stdin>:4: invalid UTF-8" in err
     assert _lines(out) == api_translations(tiny_checkpoint, TRICKY_TEXTS[:3], max_len_b=2)
 
 
-def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, tmp_path: Path) -> None:
+def test_nbest_formats(tiny_checkpoint, tricky_file, run_cli, tmp_path: Path) -> None:
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file), "--quiet",
             "--on-invalid-utf8", "replace", "--truncate", "--max-len-b", "3", "--nbest", "3"]
     from aiayn.inference.translator import Translator
 
     expected = Translator.from_checkpoint(tiny_checkpoint).translate_detailed(TRICKY_TEXTS, nbest=3, max_len_b=3)
-    code, out, err = run_cli(base + ["--scores"], capsysbinary, monkeypatch)
+    code, out, err = run_cli(base + ["--scores"])
     assert code == 0, err
     lines = _lines(out)
     assert len(lines) == N_TRICKY
@@ -143,7 +118,7 @@ def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, 
         assert line.split("\t") == fields
     assert [len(r.hypotheses) for r in expected] == [3, 1, 3, 3, 3, 1, 3, 3]  # empty lines: one ""
     out_file = tmp_path / "out.jsonl"
-    code, out, err = run_cli(base + ["--format", "jsonl", "--output", str(out_file)], capsysbinary, monkeypatch)
+    code, out, err = run_cli(base + ["--format", "jsonl", "--output", str(out_file)])
     assert code == 0 and out == b""
     records = [json.loads(line) for line in out_file.read_text(encoding="utf-8").splitlines()]
     assert [r["line"] for r in records] == list(range(1, N_TRICKY + 1))
@@ -153,26 +128,22 @@ def test_nbest_formats(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, 
         assert [h["score"] for h in record["hypotheses"]] == pytest.approx([h.score for h in hyps], abs=1e-5)
 
 
-def test_bad_options_fail_before_output(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+def test_bad_options_fail_before_output(tiny_checkpoint, tricky_file, run_cli) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-                              "--on-invalid-utf8", "replace", "--truncate", "--nbest", "5"], capsysbinary, monkeypatch)
+                              "--on-invalid-utf8", "replace", "--truncate", "--nbest", "5"])
     assert code == 2 and out == b"" and "nbest" in err
-    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", "/nonexistent"],
-                             capsysbinary, monkeypatch)
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", "/nonexistent"])
     assert code == 2 and "/nonexistent" in err
-    code, out, err = run_cli(["translate", "--checkpoint", "/nonexistent/ckpt", "--input", str(tricky_file)],
-                             capsysbinary, monkeypatch)
+    code, out, err = run_cli(["translate", "--checkpoint", "/nonexistent/ckpt", "--input", str(tricky_file)])
     assert code == 2 and "Traceback" not in err
 
 
-def test_empty_input(tiny_checkpoint, tmp_path: Path, capsysbinary, monkeypatch) -> None:
+def test_empty_input(tiny_checkpoint, tmp_path: Path, run_cli) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"")
-    code, out, _ = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(empty)],
-                           capsysbinary, monkeypatch)
+    code, out, _ = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(empty)])
     assert code == 0 and out == b""
-    code, out, _ = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--quiet"], capsysbinary,
-                           monkeypatch, stdin=b"\n\n")
+    code, out, _ = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--quiet"], stdin=b"\n\n")
     assert code == 0 and out == b"\n\n"
 
 
@@ -186,13 +157,13 @@ def test_real_process_streams_stdin(tiny_checkpoint) -> None:
     assert _lines(proc.stdout) == api_translations(tiny_checkpoint, TRICKY_TEXTS, max_len_b=2)
 
 
-def test_int8_translation(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+def test_int8_translation(tiny_checkpoint, tricky_file, run_cli) -> None:
     args = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
             "--on-invalid-utf8", "replace", "--truncate"]
-    code, out, err = run_cli([*args, "--dtype", "int8"], capsysbinary, monkeypatch)
+    code, out, err = run_cli([*args, "--dtype", "int8"])
     assert code == 0, err
     assert _lines(out) == api_translations(tiny_checkpoint, TRICKY_TEXTS, dtype="int8")
-    code, out, err = run_cli([*args, "--dtype", "int8", "--device", "cuda"], capsysbinary, monkeypatch)
+    code, out, err = run_cli([*args, "--dtype", "int8", "--device", "cuda"])
     assert code == 2 and out == b"" and "Traceback" not in err
 
 
@@ -254,8 +225,8 @@ def test_subcommands_with_some_decoding_flags() -> None:
     assert args.checkpoint == "c" and args.ctranslate2 is None and not hasattr(args, "beam")
 
 
-def test_bad_device_is_one_clear_line(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+def test_bad_device_is_one_clear_line(tiny_checkpoint, tricky_file, run_cli) -> None:
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "-i", str(tricky_file),
-                              "--device", "gpu7"], capsysbinary, monkeypatch)
+                              "--device", "gpu7"])
     assert code != 0 and out == b""
     assert "--device gpu7: not a device" in err and "Traceback" not in err

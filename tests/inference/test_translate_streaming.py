@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.cli.main import main
 from aiayn.cli.translate import format_result, read_file_lines
 from aiayn.errors import DataError
 from aiayn.inference import streaming
@@ -38,24 +37,6 @@ TRICKY = (
 N_TRICKY = 11
 # Decoding kept short: the point is the chunking, not the translations.
 FAST = ["--beam", "2", "--max-len-b", "3", "--threads", "1"]
-
-
-def run_cli(argv: list[str], capsysbinary, monkeypatch, stdin: bytes | None = None) -> tuple[int, bytes, str]:
-    if stdin is not None:
-        class FakeStdin:
-            buffer = io.BytesIO(stdin)
-
-            def isatty(self) -> bool:
-                return False
-
-        monkeypatch.setattr(sys, "stdin", FakeStdin())
-    try:
-        main(argv)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    out, err = capsysbinary.readouterr()
-    return code, out, err.decode("utf-8", "replace")
 
 
 @pytest.fixture
@@ -89,18 +70,16 @@ def reference(checkpoint: Path, path: Path, chunk: int | None = None, nbest: int
 # ------------------------------------------------------------- chunks change nothing
 
 
-def test_translations_are_the_same_bytes_whatever_the_chunk_size(tiny_checkpoint, tricky_file, capsysbinary,
-                                                                 monkeypatch) -> None:
+def test_translations_are_the_same_bytes_whatever_the_chunk_size(tiny_checkpoint, tricky_file, run_cli) -> None:
     expected = reference(tiny_checkpoint, tricky_file)
     assert expected.count(b"\n") == N_TRICKY
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--truncate",
             "--quiet", *FAST]
     for size in ("1", "3", "7", "1000"):
-        code, out, err = run_cli([*base, "--input", str(tricky_file), "--chunk-size", size], capsysbinary,
-                                 monkeypatch)
+        code, out, err = run_cli([*base, "--input", str(tricky_file), "--chunk-size", size])
         assert code == 0, err
         assert out == expected, f"--chunk-size {size}"
-        code, out, err = run_cli([*base, "--chunk-size", size], capsysbinary, monkeypatch, stdin=TRICKY)
+        code, out, err = run_cli([*base, "--chunk-size", size], stdin=TRICKY)
         assert code == 0, err
         assert out == expected, f"stdin, --chunk-size {size}"
 
@@ -113,7 +92,7 @@ def _hypotheses(out: bytes, fmt: str) -> list[list[tuple[str, float]]]:
 
 
 @pytest.mark.parametrize("fmt", ["text", "jsonl"])
-def test_scores_in_chunks(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch, fmt: str) -> None:
+def test_scores_in_chunks(tiny_checkpoint, tricky_file, run_cli, fmt: str) -> None:
     """Each chunk's bytes are exactly the API's for that chunk. Across chunk sizes the
     hypotheses are the same but a score can move in its last bits: a sentence's float sums
     depend on the batch it shares (padding width, number of rows), and batches are made
@@ -122,8 +101,7 @@ def test_scores_in_chunks(tiny_checkpoint, tricky_file, capsysbinary, monkeypatc
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--truncate",
             "--quiet", "--nbest", "2", "--scores", "--format", fmt, *FAST]
     for size in (1, 3, 1000):
-        code, out, err = run_cli([*base, "--input", str(tricky_file), "--chunk-size", str(size)], capsysbinary,
-                                 monkeypatch)
+        code, out, err = run_cli([*base, "--input", str(tricky_file), "--chunk-size", str(size)])
         assert code == 0, err
         assert out == reference(tiny_checkpoint, tricky_file, chunk=size, nbest=2, fmt=fmt, scores=True)
         got = _hypotheses(out, fmt)
@@ -132,8 +110,7 @@ def test_scores_in_chunks(tiny_checkpoint, tricky_file, capsysbinary, monkeypatc
             [[pytest.approx(score, abs=2e-4) for _, score in hyps] for hyps in whole]
 
 
-def test_multi30k_test_set_in_chunks_equals_one_chunk(tiny_checkpoint, mirror, tmp_path, capsysbinary,
-                                                      monkeypatch) -> None:
+def test_multi30k_test_set_in_chunks_equals_one_chunk(tiny_checkpoint, mirror, tmp_path, run_cli) -> None:
     source = mirror / "multi30k" / "test_2016_flickr.en.gz"
     n_lines = sum(1 for _ in gzip.open(source))
     expected = reference(tiny_checkpoint, source, max_len_a=0.0)
@@ -143,27 +120,26 @@ def test_multi30k_test_set_in_chunks_equals_one_chunk(tiny_checkpoint, mirror, t
         out = tmp_path / f"out.{size}.de"
         code, _, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(source),
                                 "--output", str(out), "--truncate", "--quiet", "--chunk-size", size, *FAST,
-                                "--max-len-a", "0"], capsysbinary, monkeypatch)
+                                "--max-len-a", "0"])
         assert code == 0, err
         outputs[size] = out.read_bytes()
     assert outputs == {size: expected for size in outputs}
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"out.{s}.de" for s in outputs)
 
 
-def test_a_file_is_checked_whole_before_the_first_chunk(tiny_checkpoint, tmp_path, capsysbinary,
-                                                        monkeypatch) -> None:
+def test_a_file_is_checked_whole_before_the_first_chunk(tiny_checkpoint, tmp_path, run_cli) -> None:
     """Invalid UTF-8 or an over-long line in the last chunk: nothing written, not even chunk 1."""
     for bad, message in ((b"a dog \xff on the street", ":4: invalid UTF-8"),
                          (b" ".join([b"riding"] * 400), ":4: 401 source tokens")):
         path = tmp_path / "in.txt"
         path.write_bytes(b"a man\nthe dog\na cat\n" + bad + b"\n")
         code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(path),
-                                  "--chunk-size", "1", *FAST], capsysbinary, monkeypatch)
+                                  "--chunk-size", "1", *FAST])
         assert code == 2 and out == b""
         assert f"{path}{message}" in err and "Traceback" not in err
 
 
-def test_progress_bar_counts_lines_with_a_total_for_a_file(tiny_checkpoint, tricky_file, capsysbinary,
+def test_progress_bar_counts_lines_with_a_total_for_a_file(tiny_checkpoint, tricky_file, run_cli,
                                                            monkeypatch) -> None:
     import tqdm
 
@@ -178,17 +154,17 @@ def test_progress_bar_counts_lines_with_a_total_for_a_file(tiny_checkpoint, tric
     monkeypatch.setattr(tqdm, "tqdm", recording)
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--truncate",
             "--chunk-size", "4", *FAST]
-    assert run_cli([*base, "--input", str(tricky_file)], capsysbinary, monkeypatch)[0] == 0
-    assert run_cli(base, capsysbinary, monkeypatch, stdin=TRICKY)[0] == 0
-    assert run_cli([*base, "--quiet"], capsysbinary, monkeypatch, stdin=TRICKY)[0] == 0
+    assert run_cli([*base, "--input", str(tricky_file)])[0] == 0
+    assert run_cli(base, stdin=TRICKY)[0] == 0
+    assert run_cli([*base, "--quiet"], stdin=TRICKY)[0] == 0
     assert [(b["total"], b["disable"], b["bar"].n) for b in bars] == [
         (N_TRICKY, False, N_TRICKY), (None, False, N_TRICKY), (None, True, 0)]  # a disabled bar counts nothing
 
 
-def test_chunk_size_flag(tiny_checkpoint, tricky_file, capsysbinary, monkeypatch) -> None:
+def test_chunk_size_flag(tiny_checkpoint, tricky_file, run_cli) -> None:
     for flag in ("--chunk-size", "--buffer-size"):
         code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
-                                  flag, "0"], capsysbinary, monkeypatch)
+                                  flag, "0"])
         assert code == 2 and out == b""
         assert "--chunk-size: must be at least 1, got 0" in err
 
@@ -212,7 +188,7 @@ def _dying_after(monkeypatch, calls: int, error: type[BaseException] = RuntimeEr
 
 
 def test_a_run_that_dies_leaves_the_output_as_it_was_then_resumes(tiny_checkpoint, tricky_file, tmp_path,
-                                                                  capsysbinary, monkeypatch) -> None:
+                                                                  run_cli, capsysbinary, monkeypatch) -> None:
     out = tmp_path / "out.de"
     out.write_bytes(b"previous translation\n")
     expected = reference(tiny_checkpoint, tricky_file, chunk=3)
@@ -220,7 +196,7 @@ def test_a_run_that_dies_leaves_the_output_as_it_was_then_resumes(tiny_checkpoin
             "--on-invalid-utf8", "replace", "--truncate", "--chunk-size", "3", *FAST]
     seen = _dying_after(monkeypatch, 1)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run_cli(argv, capsysbinary, monkeypatch)
+        run_cli(argv)
     assert seen == [3, 3]
     assert out.read_bytes() == b"previous translation\n"
     partial = tmp_path / "out.de.partial"
@@ -232,7 +208,7 @@ def test_a_run_that_dies_leaves_the_output_as_it_was_then_resumes(tiny_checkpoin
     # A resumed run starts at line 4: it translates 8 lines, in chunks 4-6, 7-9, 10-11.
     monkeypatch.undo()
     seen = _dying_after(monkeypatch, 100)
-    code, stdout, err = run_cli([*argv, "--resume"], capsysbinary, monkeypatch)
+    code, stdout, err = run_cli([*argv, "--resume"])
     assert code == 0, err
     assert seen == [3, 3, 2] and stdout == b""
     assert "resuming" in err and "3 of 11 lines done" in err
@@ -241,12 +217,12 @@ def test_a_run_that_dies_leaves_the_output_as_it_was_then_resumes(tiny_checkpoin
 
 
 def test_resume_refuses_another_input_checkpoint_or_option(tiny_checkpoint, second_checkpoint, tricky_file,
-                                                           tmp_path, capsysbinary, monkeypatch) -> None:
+                                                           tmp_path, run_cli, monkeypatch) -> None:
     out = tmp_path / "out.de"
     argv = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file), "--output", str(out),
             "--on-invalid-utf8", "replace", "--truncate", "--chunk-size", "4", *FAST]
     _dying_after(monkeypatch, 1, KeyboardInterrupt)
-    code, _, err = run_cli(argv, capsysbinary, monkeypatch)
+    code, _, err = run_cli(argv)
     assert code == 130 and "interrupted" in err
     monkeypatch.undo()
     partial = (tmp_path / "out.de.partial").read_bytes()
@@ -257,12 +233,12 @@ def test_resume_refuses_another_input_checkpoint_or_option(tiny_checkpoint, seco
                           ([*argv, "--chunk-size", "5"], "--chunk-size"),
                           ([*argv, "--checkpoint", str(second_checkpoint)], "--checkpoint"),
                           ([*argv, "--input", str(changed)], "input")):
-        code, _, err = run_cli([*variant, "--resume"], capsysbinary, monkeypatch)
+        code, _, err = run_cli([*variant, "--resume"])
         assert code == 2, variant
         assert f"--resume: {out}.partial was written with another {what};" in err
         assert not out.exists() and (tmp_path / "out.de.partial").read_bytes() == partial
     # Without --resume, a new run replaces what the old one left.
-    code, _, err = run_cli([*argv, "--beam", "3"], capsysbinary, monkeypatch)
+    code, _, err = run_cli([*argv, "--beam", "3"])
     assert code == 0, err
     assert f"replacing {out}.partial" in err
     assert out.read_bytes() == reference(tiny_checkpoint, tricky_file, chunk=4, beam=3)
@@ -270,16 +246,16 @@ def test_resume_refuses_another_input_checkpoint_or_option(tiny_checkpoint, seco
 
 
 def test_resume_without_a_partial_starts_afresh_and_needs_files(tiny_checkpoint, tricky_file, tmp_path,
-                                                               capsysbinary, monkeypatch) -> None:
+                                                               run_cli) -> None:
     out = tmp_path / "out.de"
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--on-invalid-utf8", "replace", "--truncate",
             "--quiet", *FAST, "--resume"]
-    code, _, err = run_cli([*base, "--input", str(tricky_file), "--output", str(out)], capsysbinary, monkeypatch)
+    code, _, err = run_cli([*base, "--input", str(tricky_file), "--output", str(out)])
     assert code == 0, err
     assert out.read_bytes() == reference(tiny_checkpoint, tricky_file)
-    code, _, err = run_cli([*base, "--output", str(tmp_path / "o2")], capsysbinary, monkeypatch, stdin=TRICKY)
+    code, _, err = run_cli([*base, "--output", str(tmp_path / "o2")], stdin=TRICKY)
     assert code == 2 and "--resume: needs a regular --input file" in err
-    code, _, err = run_cli([*base, "--input", str(tricky_file)], capsysbinary, monkeypatch)
+    code, _, err = run_cli([*base, "--input", str(tricky_file)])
     assert code == 2 and "--resume: needs an --output file" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.de"]
 
@@ -317,33 +293,29 @@ def test_two_runs_cannot_write_the_same_partial(tmp_path: Path) -> None:
 # -------------------------------------------------------------------------- prefixes
 
 
-def test_prefix_file_forces_the_start_of_each_translation(tiny_checkpoint, tmp_path, capsysbinary,
-                                                          monkeypatch) -> None:
+def test_prefix_file_forces_the_start_of_each_translation(tiny_checkpoint, tmp_path, run_cli) -> None:
     source = tmp_path / "in.en"
     source.write_text("a man is riding a bike\nthe dog\n\na red ball in the park\nthe woman\n", encoding="utf-8")
     prefixes = ["ein mann", "", "der", "der rot", "die frau"]
     prefix_file = tmp_path / "prefix.de"
     prefix_file.write_text("\n".join(prefixes) + "\n", encoding="utf-8")
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--quiet", *FAST, "--chunk-size", "2"]
-    code, out, err = run_cli([*base, "--input", str(source), "--prefix-file", str(prefix_file)], capsysbinary,
-                             monkeypatch)
+    code, out, err = run_cli([*base, "--input", str(source), "--prefix-file", str(prefix_file)])
     assert code == 0, err
     assert out == reference(tiny_checkpoint, source, chunk=2, prefixes=prefixes)
     lines = out.decode("utf-8").split("\n")[:-1]
     assert lines[0].startswith("ein mann") and lines[3].startswith("der rot") and lines[4].startswith("die frau")
     assert lines[2] == ""  # an empty input line stays empty, whatever its prefix
-    _, plain, _ = run_cli([*base, "--input", str(source)], capsysbinary, monkeypatch)
+    _, plain, _ = run_cli([*base, "--input", str(source)])
     assert lines[1] == plain.decode("utf-8").split("\n")[1]  # an empty prefix is no prefix
     # The same from standard input.
-    code, out_stdin, err = run_cli([*base, "--prefix-file", str(prefix_file)], capsysbinary, monkeypatch,
-                                   stdin=source.read_bytes())
+    code, out_stdin, err = run_cli([*base, "--prefix-file", str(prefix_file)], stdin=source.read_bytes())
     assert code == 0, err
     assert out_stdin == out
 
 
 @pytest.mark.parametrize("n_prefixes", [3, 6])
-def test_prefix_file_line_count_mismatch_is_one_error(tiny_checkpoint, tmp_path, capsysbinary, monkeypatch,
-                                                      n_prefixes: int) -> None:
+def test_prefix_file_line_count_mismatch_is_one_error(tiny_checkpoint, tmp_path, run_cli, n_prefixes: int) -> None:
     source = tmp_path / "in.en"
     source.write_text("a man\nthe dog\na cat\nthe woman\nthe ball\n", encoding="utf-8")
     prefix_file = tmp_path / "prefix.de"
@@ -351,12 +323,12 @@ def test_prefix_file_line_count_mismatch_is_one_error(tiny_checkpoint, tmp_path,
     out = tmp_path / "out.de"
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--prefix-file", str(prefix_file), "--output",
             str(out), *FAST, "--chunk-size", "2"]
-    code, stdout, err = run_cli([*base, "--input", str(source)], capsysbinary, monkeypatch)
+    code, stdout, err = run_cli([*base, "--input", str(source)])
     assert code == 2 and stdout == b""
     assert f"--prefix-file {prefix_file}: {n_prefixes} lines, but {source} has 5; give one prefix per input " \
            "line (an empty line for none)" in err
     assert "Traceback" not in err
-    code, _, err = run_cli(base, capsysbinary, monkeypatch, stdin=source.read_bytes())
+    code, _, err = run_cli(base, stdin=source.read_bytes())
     assert code == 2 and "Traceback" not in err
     assert f"--prefix-file {prefix_file}: " in err and "give one prefix per input line" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "prefix.de"]
@@ -395,18 +367,18 @@ def test_hard_alignment_golden() -> None:
     assert torch.equal(last_layer_mean(layers), (layers[2, 0] + layers[2, 1]) / 2)
 
 
-def test_alignment_output(tiny_checkpoint, tmp_path, capsysbinary, monkeypatch, english) -> None:
+def test_alignment_output(tiny_checkpoint, tmp_path, run_cli, english) -> None:
     source = tmp_path / "in.en"
     texts = [*english[:6], "", *english[6:]]
     source.write_text("\n".join(texts) + "\n", encoding="utf-8")
     base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(source), "--quiet", *FAST,
             "--chunk-size", "5"]
-    code, out, err = run_cli([*base, "--alignment"], capsysbinary, monkeypatch)
+    code, out, err = run_cli([*base, "--alignment"])
     assert code == 0, err
     assert out == reference(tiny_checkpoint, source, chunk=5, alignment=True)
     lines = out.decode("utf-8").split("\n")[:-1]
     assert len(lines) == len(texts)
-    _, plain, _ = run_cli(base, capsysbinary, monkeypatch)
+    _, plain, _ = run_cli(base)
     assert [line.split("\t")[0] for line in lines] == plain.decode("utf-8").split("\n")[:-1]
     for text, line in zip(texts, lines):
         hyp, alignment = line.split("\t")
@@ -414,7 +386,7 @@ def test_alignment_output(tiny_checkpoint, tmp_path, capsysbinary, monkeypatch, 
         assert pairs == sorted(set(pairs))
         assert all(0 <= s < len(text.split()) for s, _ in pairs)
         assert {t for _, t in pairs} == set(range(len(hyp.split())))  # every target word, once or more
-    code, out, err = run_cli([*base, "--alignment", "--format", "jsonl"], capsysbinary, monkeypatch)
+    code, out, err = run_cli([*base, "--alignment", "--format", "jsonl"])
     assert code == 0, err
     records = [json.loads(line) for line in out.decode("utf-8").splitlines()]
     assert [format_alignment(r["hypotheses"][0]["alignment"]) for r in records] == \

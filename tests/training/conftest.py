@@ -8,30 +8,26 @@ import pytest
 EOS = 3
 
 
-class ReverseTask:
-    """src = random tokens + EOS, tgt = the same tokens reversed (the batcher's SizedPairs)."""
-
-    def __init__(self, n: int = 64, vocab: int = 16, min_len: int = 2, max_len: int = 6,
-                 seed: int = 0) -> None:
-        rng = np.random.default_rng(seed)
-        self.pairs = []
-        for _ in range(n):
-            toks = rng.integers(4, vocab, size=int(rng.integers(min_len, max_len + 1)))
-            self.pairs.append((np.append(toks, EOS).astype(np.int64), toks[::-1].astype(np.int64)))
-        self.src_sizes = np.array([len(s) for s, _ in self.pairs])
-        self.tgt_sizes = np.array([len(t) for _, t in self.pairs])
-
-    def __len__(self) -> int:
-        return len(self.pairs)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.pairs[i]
+def reverse_pairs(n: int = 64, vocab: int = 16, min_len: int = 2, max_len: int = 6,
+                  seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """src = random tokens + EOS, tgt = the same tokens reversed."""
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        toks = rng.integers(4, vocab, size=int(rng.integers(min_len, max_len + 1)))
+        pairs.append((np.append(toks, EOS).astype(np.int64), toks[::-1].astype(np.int64)))
+    return pairs
 
 
 @pytest.fixture
-def make_task():
-    """``make_task(n=64, ...) -> ReverseTask``."""
-    return ReverseTask
+def make_task(listed_pairs):
+    """``make_task(n=64, vocab=16, min_len=2, max_len=6, seed=0)``: the reverse task as the
+    batcher's SizedPairs (a ListedPairs)."""
+
+    def make(n: int = 64, vocab: int = 16, min_len: int = 2, max_len: int = 6, seed: int = 0):
+        return listed_pairs(reverse_pairs(n, vocab, min_len, max_len, seed))
+
+    return make
 
 
 @pytest.fixture(autouse=True)
