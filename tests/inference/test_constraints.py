@@ -241,3 +241,121 @@ def test_a_dead_row_extended_by_illegal_tokens_keeps_a_valid_state() -> None:
     lprobs = torch.zeros(1, len(PIECES))
     state.mask(lprobs, 0)  # no IndexError
     assert int(state.depth[0]) == 3
+
+
+def test_tree_vocab_from_pieces() -> None:
+    # Labels sorted (NP before S); the word-boundary mark is ignored; "(" and ")" alone,
+    # a bracket without its partner, and the word piece are no labels.
+    pieces = ["<pad>", "<unk>", "<s>", "</s>", "\u2581XX", "\u2581(S", ")S", "(NP", "\u2581)NP", "(", ")", "(VP",
+              ")PP", "dog"]
+    assert TreeVocab.from_pieces(pieces, "XX", EOS_ID) == TreeVocab((7, 5), (8, 6), 4, EOS_ID, 14)
+    assert VOCAB == TreeVocab((7, 5), (8, 6), 4, EOS_ID, len(PIECES))
+
+
+@pytest.mark.parametrize("pieces", [
+    ["<pad>", "<unk>", "<s>", "</s>", "hello"],  # no brackets, no placeholder
+    ["<pad>", "<unk>", "<s>", "</s>", "(S", ")S"],  # brackets without the placeholder
+    ["<pad>", "<unk>", "<s>", "</s>", "XX", "(S", ")NP"],  # no label with both brackets
+])
+def test_a_vocabulary_without_every_tree_symbol_is_refused(pieces: list[str]) -> None:
+    with pytest.raises(ValueError, match=r"^the target vocabulary has no tree symbols \('XX', '\(X', '\)X'\)$"):
+        TreeVocab.from_pieces(pieces, "XX", EOS_ID)
+
+
+def test_word_ids_error_message() -> None:
+    with pytest.raises(ValueError, match=r"^word_ids must hold one id per word of each sentence$"):
+        TreeConstraint(VOCAB, [1, 2], word_ids=[[9], [9]])
+
+
+def test_slots_hold_each_sentences_words_and_a_spare_placeholder_column() -> None:
+    assert torch.equal(TreeConstraint(VOCAB, [2, 1]).slots, torch.tensor([[4, 4, 4], [4, 4, 4]]))
+    spelled = TreeConstraint(VOCAB, [2, 1], word_ids=[[9, 4], [9]])
+    assert torch.equal(spelled.slots, torch.tensor([[9, 4, 4], [9, 4, 4]]))
+    empty = TreeConstraint(VOCAB, [])
+    assert empty.n_words.dtype == torch.long and empty.slots.shape == (0, 1)
+
+
+def _legal(n_words: int, prefix: list[str], max_len: int = 40, **kw) -> dict[str, float]:
+    """The tokens left legal (with their scores) after ``prefix`` was advanced, token by token."""
+    state = TreeConstraint(VOCAB, [n_words], **kw).start(torch.tensor([0]), torch.tensor([max_len]))
+    for piece in prefix:
+        state.advance(torch.tensor([PIECES.index(piece)]))
+    lprobs = (-torch.arange(1.0, len(PIECES) + 1))[None].log_softmax(-1)
+    before = lprobs.clone()
+    state.mask(lprobs, len(prefix))
+    legal = {PIECES[i]: float(lprobs[0, i]) for i in range(len(PIECES)) if lprobs[0, i] > -math.inf}
+    for piece, score in legal.items():
+        if not (kw.get("any_word") and piece not in ("(S", ")S", "(NP", ")NP", "</s>")):
+            assert score == float(before[0, PIECES.index(piece)])
+    return legal
+
+
+@pytest.mark.parametrize(("n_words", "prefix", "kw", "legal"), [
+    (3, [], dict(max_len=5), {"(S", "(NP"}),  # the tightest bound: (S XX XX XX )S
+    (3, [], dict(max_len=4), set()),  # too short for any tree
+    (2, ["(S", "(NP"], dict(max_len=5), set()),  # out of room (a dead row): nothing fits
+    (2, ["(S", "(NP"], dict(max_depth=2), {"XX"}),  # at max_depth: no opening; NP empty: no closing
+    (2, ["(S", "(NP", "XX"], {}, {"(S", "(NP", "XX", ")NP"}),  # an inner bracket closes with words left
+    (1, ["(S", "XX"], {}, {")S"}),  # the root closes once every word is placed
+    (1, ["(S", "XX", ")S"], {}, {"</s>"}),
+    (1, ["(S", "XX", "dog"], {}, {")S"}),  # a stray token leaves the root filled
+    (2, ["(S", "(NP", "dog"], dict(max_depth=2), {"XX"}),  # ... and does not fill an empty bracket
+    (1, ["(S", "XX", "XX"], {}, {")S"}),  # an XX past the last word places nothing
+    (2, ["(S", "(NP", "XX", ")NP", "XX"], dict(max_depth=2), {")S"}),  # the root's label survives max_depth
+    (70, ["(S"] + ["(NP"] * 63, dict(max_len=200), {"XX"}),  # max_depth defaults to 64
+    (70, ["(S"] + ["(NP"] * 62, dict(max_len=200), {"XX", "(S", "(NP"}),
+])
+def test_legal_next_tokens(n_words: int, prefix: list[str], kw: dict, legal: set[str]) -> None:
+    assert set(_legal(n_words, prefix, **kw)) == legal
+
+
+def test_a_spelled_word_is_scored_by_its_own_probability_unless_any_word() -> None:
+    own = _legal(1, ["(S"], word_ids=[[9]])
+    assert set(own) == {"(S", "(NP", "dog"}
+    lprobs = (-torch.arange(1.0, len(PIECES) + 1)).log_softmax(-1)
+    assert own["dog"] == float(lprobs[9])
+    anyw = _legal(1, ["(S"], word_ids=[[9]], any_word=True)
+    # the words: <unk>, XX and dog (the specials and tree symbols are not)
+    assert anyw["dog"] == pytest.approx(float(torch.logsumexp(lprobs[[1, 4, 9]], 0)), abs=1e-6)
+
+
+def test_any_word_with_unnormalised_scores_keeps_the_word_score() -> None:
+    # Scores that are not log-probabilities (the symbols' mass above 1): the word mass
+    # 1 - exp(rest) is clamped at 0, so the word keeps its own score (no NaN).
+    state = TreeConstraint(VOCAB, [1], word_ids=[[9]], any_word=True).start(torch.tensor([0]), torch.tensor([9]))
+    state.advance(torch.tensor([PIECES.index("(S")]))
+    lprobs = torch.zeros(1, len(PIECES))
+    state.mask(lprobs, 1)
+    assert float(lprobs[0, 9]) == 0.0
+
+
+def test_the_state_lives_on_max_len_s_device() -> None:
+    # "meta" stands for an accelerator. (Only start: the first mask or advance on "meta" imports
+    # torch._dynamo, seconds.)
+    con = TreeConstraint(VOCAB, [2, 1], word_ids=[[9, 4], [9]], any_word=True)
+    state = con.start(torch.tensor([0, 1]), torch.tensor([10, 10], device="meta"))
+    devices = {name: v.device.type for name, v in vars(state).items() if isinstance(v, torch.Tensor)}
+    assert len(devices) == 13 and set(devices.values()) == {"meta"}, devices
+
+
+def test_the_state_ignores_the_default_device() -> None:
+    con = TreeConstraint(VOCAB, [2], any_word=True)
+    sent, max_len = torch.tensor([0]), torch.tensor([8])
+    tokens = [torch.tensor([PIECES.index(p)]) for p in ["(S", "(NP", "XX", ")NP", "XX"]]
+    lprobs = torch.zeros(1, len(PIECES))
+
+    def run() -> torch.Tensor:
+        state, seen = con.start(sent, max_len), []
+        for t, tok in enumerate(tokens):
+            scores = lprobs.clone()
+            state.mask(scores, t)
+            seen.append(scores)
+            state.advance(tok)
+        scores = lprobs.clone()
+        state.mask(scores, len(tokens))
+        return torch.cat([*seen, scores])
+
+    ref = run()
+    with torch.device("meta"):
+        out = run()
+    assert out.device.type == "cpu" and torch.equal(out, ref)

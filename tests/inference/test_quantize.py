@@ -69,7 +69,7 @@ def test_int8_linear_error_is_the_quantization_error() -> None:
 
 def test_the_two_kernels_agree() -> None:
     if len(KERNELS) < 2:
-        pytest.skip("oneDNN's int8 linear is not in this torch build")
+        pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
     torch.manual_seed(1)
     lin = nn.Linear(40, 72)
     x = torch.randn(9, 40)
@@ -206,3 +206,54 @@ def test_quantized_model_with_d_k_different_from_d_v_stays_close() -> None:
     fused = prepared.model.encoder_layers[0].self_attn.qkv
     assert isinstance(fused, Q.Int8Linear) and fused.out_features == 4 * (4 + 4 + 16)
     _assert_int8_log_prob_error(out, ref)
+
+
+@pytest.mark.parametrize(("vnni", "amx", "mkldnn", "expected"), [
+    (True, False, True, True),
+    (False, True, True, True),
+    (True, True, True, True),
+    (False, False, True, False),  # vpmaddubsw saturates: not exact, use torch._int_mm
+    (True, False, False, False),
+    (False, False, False, False),
+])
+def test_onednn_kernel_only_where_it_is_exact(monkeypatch: pytest.MonkeyPatch, vnni: bool, amx: bool,
+                                              mkldnn: bool, expected: bool) -> None:
+    if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
+    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: mkldnn)
+    assert Q._onednn_available() is expected
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_int8_linear_runs_with_grad_enabled_on_inputs_without_grad(kernel: str) -> None:
+    torch.manual_seed(4)
+    lin = nn.Linear(8, 5)
+    q = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = q(x)
+    assert torch.is_grad_enabled()
+    assert torch.equal(q(x), expected)
+    with pytest.raises(RuntimeError, match=r"^Int8Linear is for inference; a quantized model cannot be trained$"):
+        q(x.requires_grad_(True))
+
+
+def test_replace_linears_keeps_weights_and_biases() -> None:
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 4), nn.ReLU(), nn.Sequential(nn.Linear(4, 3, bias=False), nn.Linear(3, 2)))
+    lins = [model[0], model[2][0], model[2][1]]
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        expected = x
+        for lin in lins:
+            expected = Q.Int8Linear(lin.weight, lin.bias)(expected)
+            if lin is lins[0]:
+                expected = expected.relu()
+        Q.replace_linears(model)
+        out = model(x)
+    assert [type(m) for m in (model[0], model[2][0], model[2][1])] == [Q.Int8Linear] * 3
+    assert torch.equal(model[0].bias, lins[0].bias.detach()) and model[2][0].bias is None
+    assert torch.equal(model[2][1].bias, lins[2].bias.detach())
+    assert torch.equal(out, expected)

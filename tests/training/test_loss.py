@@ -68,7 +68,9 @@ def _unfused(h, w, b, t, eps, ignore):
     return label_smoothed_nll_loss(F.linear(h, w, b), t, eps, ignore_index=ignore)
 
 
-@pytest.mark.parametrize("eps,ignore,bias,chunk", [(0.1, 0, False, 7), (0.0, 0, True, 5), (0.2, None, True, 64)])
+# eps -0.1: both losses treat it as no smoothing (the fused gradient was 1.1x before the fix).
+@pytest.mark.parametrize("eps,ignore,bias,chunk", [(0.1, 0, False, 7), (0.0, 0, True, 5), (0.2, None, True, 64),
+                                                   (-0.1, None, False, 4)])
 def test_projected_loss_equals_unfused_loss_and_gradients(eps, ignore, bias, chunk):
     """The fused, chunked projection + loss gives the loss, NLL and the gradients of the
     hidden states, the weight and the bias of F.linear + label_smoothed_nll_loss."""
@@ -110,3 +112,170 @@ def test_projected_loss_without_grad_is_loss_only():
         loss, nll = projected_label_smoothed_loss(h, w, None, t, 0.1, 0)
     ref, ref_nll = _unfused(h, w, None, t, 0.1, 0)
     assert not loss.requires_grad and torch.allclose(loss, ref) and torch.allclose(nll, ref_nll)
+
+
+def test_label_smoothed_defaults_are_eps_01_and_pad_0():
+    torch.manual_seed(3)
+    logits = torch.randn(2, 4, 9)
+    target = torch.tensor([[3, 1, 0, 0], [8, 2, 5, 0]])
+    loss, nll = label_smoothed_nll_loss(logits, target)
+    ref_loss, ref_nll = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=0, reduction="sum")
+    assert loss.item() == ref_loss.item() and nll.item() == ref_nll.item()
+
+
+def test_unknown_reduction_is_rejected():
+    with pytest.raises(ValueError, match=r"^reduction must be sum, mean or none, got 'max'$"):
+        label_smoothed_nll_loss(torch.zeros(1, 3), torch.tensor([1]), reduction="max")
+
+
+def test_eps_zero_ignores_masked_classes():
+    """Without smoothing a class with logit -inf (a masked vocabulary entry) costs nothing:
+    the loss is the NLL, finite, not eps * inf = nan."""
+    logits = torch.tensor([[0.5, -math.inf, 1.0, 2.0]])
+    target = torch.tensor([3])
+    loss, nll = label_smoothed_nll_loss(logits, target, epsilon=0.0, ignore_index=None)
+    expected = -torch.log_softmax(logits, -1)[0, 3]
+    assert loss.item() == nll.item() == expected.item()
+
+
+@pytest.mark.parametrize(
+    ("target", "ignore", "count"),
+    [
+        ([[4, 0, 0]], 0, 1),  # a single real token: divide by 1
+        ([[4, 2, 0]], 0, 2),
+        ([[4, 2, 0]], None, 3),  # no padding index: every position counts
+        ([[0, 0, 0]], 0, 1),  # only padding: 0 / 1, not 0 / 0
+    ],
+)
+def test_mean_divides_by_the_token_count(target, ignore, count):
+    torch.manual_seed(4)
+    logits = torch.randn(1, 3, 6)
+    target = torch.tensor(target)
+    s, n = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=ignore, reduction="sum")
+    m, mn = label_smoothed_nll_loss(logits, target, 0.1, ignore_index=ignore, reduction="mean")
+    assert m.item() == (s / count).item() and mn.item() == (n / count).item()
+
+
+def test_losses_stay_on_the_inputs_device_whatever_the_default_device():
+    """Every tensor the losses create follows the inputs, not torch's default device."""
+    torch.manual_seed(5)
+    logits = torch.randn(2, 3, 7)
+    target = torch.tensor([[1, 2, 0], [3, 0, 0]])
+    h, w, b = torch.randn(6, 4, requires_grad=True), torch.randn(7, 4, requires_grad=True), torch.randn(7)
+    b.requires_grad_(True)
+    refs = [label_smoothed_nll_loss(logits, target, 0.1, ig, red) for red in ("sum", "mean", "none")
+            for ig in (0, None)]
+    ref_proj = projected_label_smoothed_loss(h, w, b, target, 0.1, 0, chunk_rows=4)
+    ref_grads = torch.autograd.grad(ref_proj[0], [h, w, b])
+    with torch.device("meta"):
+        outs = [label_smoothed_nll_loss(logits, target, 0.1, ig, red) for red in ("sum", "mean", "none")
+                for ig in (0, None)]
+        proj = projected_label_smoothed_loss(h, w, b, target, 0.1, 0, chunk_rows=4)
+        grads = torch.autograd.grad(proj[0], [h, w, b])
+    for (loss, nll), (ref_loss, ref_nll) in zip(outs, refs):
+        assert loss.device.type == nll.device.type == "cpu"
+        assert torch.equal(loss, ref_loss) and torch.equal(nll, ref_nll)
+    assert torch.equal(proj[0], ref_proj[0]) and torch.equal(proj[1], ref_proj[1])
+    for g, r in zip(grads, ref_grads):
+        assert torch.equal(g, r)
+
+
+def test_projected_loss_does_not_depend_on_the_default_dtype():
+    """The accumulators are float32 by name: a float64 default dtype changes nothing."""
+    torch.manual_seed(0)
+    h = torch.randn(30, 8, requires_grad=True)
+    w = torch.randn(13, 8, requires_grad=True)
+    b = torch.randn(13, requires_grad=True)
+    t = torch.randint(0, 13, (30,))
+
+    def run():
+        loss, nll = projected_label_smoothed_loss(h, w, b, t, 0.1, 0, chunk_rows=7)
+        return loss, nll, torch.autograd.grad(loss * 0.37, [h, w, b])
+
+    ref = run()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = run()
+    finally:
+        torch.set_default_dtype(default)
+    assert out[0].dtype == out[1].dtype == torch.float32
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    for g, r in zip(out[2], ref[2]):
+        assert torch.equal(g, r)
+
+
+def test_projected_loss_gradients_are_float32_for_float64_inputs():
+    """The gradients are computed and scaled in float32, then cast to the input dtype."""
+    torch.manual_seed(6)
+    h = torch.randn(10, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(11, 5, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(1, 11, (10,))
+    loss, _ = projected_label_smoothed_loss(h, w, None, t, 0.1, 0, chunk_rows=4)
+    gh, gw = torch.autograd.grad(loss * 0.37, [h, w])
+    assert gh.dtype == gw.dtype == torch.float64
+    assert torch.equal(gh, gh.float().double()) and torch.equal(gw, gw.float().double())
+
+
+def test_projected_loss_defaults():
+    """Defaults: epsilon 0.1, padding index 0, chunks of 1,024 rows (the sums are added in
+    the same order: equal to the last bit)."""
+    torch.manual_seed(7)
+    h, w = torch.randn(2100, 4), torch.randn(9, 4)
+    t = torch.randint(0, 9, (2100,))
+    loss, nll = projected_label_smoothed_loss(h, w, None, t)
+    ref_loss, ref_nll = projected_label_smoothed_loss(h, w, None, t, 0.1, 0, 1024)
+    assert loss.item() == ref_loss.item() and nll.item() == ref_nll.item()
+    unfused, unfused_nll = _unfused(h, w, None, t, 0.1, 0)
+    assert torch.allclose(loss, unfused, rtol=1e-5) and torch.allclose(nll, unfused_nll, rtol=1e-5)
+
+
+def test_projected_loss_eps_zero_with_masked_classes():
+    """A -inf bias masks a class (here class 0): without smoothing the loss is the finite NLL."""
+    torch.manual_seed(8)
+    h = torch.randn(6, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    b = torch.tensor([-math.inf, 0.1, 0.2, 0.3, 0.4])
+    t = torch.tensor([1, 2, 3, 4, 1, 2])
+    loss, nll = projected_label_smoothed_loss(h, w, b, t, 0.0, None, chunk_rows=4)
+    ref = F.cross_entropy(F.linear(h, w, b), t, reduction="sum")
+    assert torch.isfinite(loss) and loss.item() == nll.item()
+    assert torch.allclose(loss, ref, rtol=1e-6)
+    gh, gw = torch.autograd.grad(loss, [h, w])
+    rh, rw = torch.autograd.grad(ref, [h, w])
+    assert torch.allclose(gh, rh, atol=1e-6) and torch.allclose(gw, rw, atol=1e-6)
+
+
+def test_projected_loss_under_autocast_is_the_loss_of_the_rounded_inputs():
+    """Under bf16 autocast the logits are exactly those of bf16 copies of hidden, weight and
+    bias (matmul and bias add in bf16); the softmax and loss are float32 on top of them."""
+    torch.manual_seed(9)
+    h = torch.randn(20, 16, requires_grad=True)
+    w = torch.randn(30, 16, requires_grad=True)
+    b = torch.randn(30, requires_grad=True)
+    t = torch.randint(0, 30, (20,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, nll = projected_label_smoothed_loss(h, w, b, t, 0.1, 0, chunk_rows=8)
+    with torch.no_grad():
+        ref_loss, ref_nll = projected_label_smoothed_loss(h.bfloat16(), w.bfloat16(), b.bfloat16(), t, 0.1, 0, 8)
+    assert loss.dtype == nll.dtype == torch.float32
+    assert loss.item() == ref_loss.item() and nll.item() == ref_nll.item()
+
+
+def test_projected_loss_under_autocast_takes_the_softmax_in_float32():
+    """Under bf16 autocast the logits are bf16 (a bf16 matmul and bias add), but the
+    log-softmax and the smoothing sum over them run in float32: the loss equals the float64
+    loss of those bf16 logits to float32 rounding. (A bf16 log-softmax is off by ~1e-3.)"""
+    torch.manual_seed(10)
+    h, w, b = torch.randn(20, 16) * 3, torch.randn(30, 16), torch.randn(30)
+    t = torch.randint(0, 30, (20,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, nll = projected_label_smoothed_loss(h, w, b, t, 0.1, 0, chunk_rows=64)
+    z = torch.mm(h.bfloat16(), w.bfloat16().t())
+    z += b.bfloat16()
+    lp = torch.log_softmax(z.double(), -1)
+    keep = t != 0
+    exact_nll = -lp.gather(-1, t[:, None])[:, 0][keep].sum()
+    exact_loss = (0.9 - 0.1 / 29) * exact_nll + 0.1 / 29 * -lp.sum(-1)[keep].sum()
+    assert math.isclose(nll.item(), exact_nll.item(), rel_tol=1e-6)
+    assert math.isclose(loss.item(), exact_loss.item(), rel_tol=1e-6)

@@ -37,3 +37,75 @@ def test_make_schedule_from_config():
     assert s(4000) == pytest.approx(noam_lr(4000, 512, 4000))
     s = make_schedule(TrainConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_steps=100), 512)
     assert s(400) == pytest.approx(5e-4)
+
+
+@pytest.mark.parametrize("step", [1, 4, 100])
+def test_noam_without_warmup_is_inverse_sqrt_of_step(step):
+    # warmup 0 would divide by zero in warmup ** -1.5: the warmup term is skipped instead.
+    assert noam_lr(step, 512, 0) == 512 ** -0.5 * step ** -0.5
+    assert noam_lr(step, 512, 0, scale=3.0) == 3.0 * 512 ** -0.5 * step ** -0.5
+
+
+@pytest.mark.parametrize(
+    ("step", "peak", "warmup", "init", "expected"),
+    [
+        (1, 1e-3, 10, 0.0, 1e-4),
+        (2, 1e-3, 10, 0.0, 2e-4),
+        (5, 1e-3, 10, 1e-4, 1e-4 + 9e-4 * 5 / 10),
+        (9, 1e-3, 10, 1e-4, 1e-4 + 9e-4 * 9 / 10),
+        (40, 1e-3, 10, 1e-4, 5e-4),
+        (1, 2e-3, 0, 0.0, 2e-3),
+        (4, 2e-3, 0, 0.0, 1e-3),
+        (16, 2e-3, 0, 0.5, 5e-4),  # no warmup: init_lr is not used
+        (4, 2e-3, 1, 0.0, 1e-3),  # warmup 1: decay from the first update
+    ],
+)
+def test_inverse_sqrt_table(step, peak, warmup, init, expected):
+    assert inverse_sqrt_lr(step, peak, warmup, init) == pytest.approx(expected, rel=1e-12)
+
+
+def test_inverse_sqrt_default_init_is_zero():
+    assert inverse_sqrt_lr(3, 1e-3, 10) == pytest.approx(3e-4, rel=1e-12)
+
+
+def test_end_of_warmup_is_exactly_peak():
+    # At step == warmup the decay branch gives peak_lr exactly; the ramp would give
+    # init + (peak - init), which rounds to 0.8699999999999999 for these values.
+    init, peak = 0.325, 0.87
+    assert init + (peak - init) != peak
+    assert inverse_sqrt_lr(10, peak, 10, init) == peak
+    assert constant_lr(10, peak, 10, init) == peak
+
+
+@pytest.mark.parametrize(
+    ("step", "peak", "warmup", "init", "expected"),
+    [
+        (2, 1e-3, 10, 0.0, 2e-4),
+        (4, 1e-3, 10, 2e-4, 2e-4 + 8e-4 * 4 / 10),
+        (9, 1e-3, 10, 2e-4, 2e-4 + 8e-4 * 9 / 10),
+        (0, 1e-3, 10, 0.0, 1e-4),
+        (11, 1e-3, 10, 2e-4, 1e-3),
+    ],
+)
+def test_constant_table(step, peak, warmup, init, expected):
+    assert constant_lr(step, peak, warmup, init) == pytest.approx(expected, rel=1e-12)
+
+
+def test_constant_defaults():
+    assert constant_lr(3, 1e-3) == 1e-3  # no warmup by default
+    assert constant_lr(3, 1e-3, 10) == pytest.approx(3e-4, rel=1e-12)  # ramp from 0
+
+
+@pytest.mark.parametrize("step", [1, 7, 50, 400])
+def test_make_schedule_passes_every_setting(step):
+    train = TrainConfig(lr_schedule="noam", warmup_steps=50, lr_scale=2.0)
+    assert make_schedule(train, 256)(step) == noam_lr(step, 256, 50, 2.0)
+    train = TrainConfig(lr_schedule="inverse_sqrt", lr=1e-3, warmup_steps=50, warmup_init_lr=1e-4)
+    assert make_schedule(train, 256)(step) == inverse_sqrt_lr(step, 1e-3, 50, 1e-4)
+    train = TrainConfig(lr_schedule="constant", lr=1e-3, warmup_steps=50, warmup_init_lr=1e-4)
+    assert make_schedule(train, 256)(step) == constant_lr(step, 1e-3, 50, 1e-4)
+
+
+def test_make_schedule_unknown_kind():
+    with pytest.raises(ValueError, match=r"^unknown lr_schedule 'cosine'$"):
+        make_schedule(TrainConfig(lr_schedule="cosine"), 512)

@@ -125,7 +125,8 @@ class _ProjectedLoss(torch.autograd.Function):
         w = weight.to(dtype)  # (V, D), the matmul copy
         h_all = h.to(dtype)  # (N, D)
         need_grad = any(ctx.needs_input_grad[:3])
-        eps_i = epsilon / (vocab - 1) if epsilon > 0.0 else 0.0
+        epsilon = max(epsilon, 0.0)  # as label_smoothed_nll_loss: no smoothing below 0
+        eps_i = epsilon / (vocab - 1)
         a = 1.0 - epsilon - eps_i  # weight of the NLL; eps_i weighs sum_v(-log p_v)
         c = a + eps_i * vocab  # d loss / d z = c * softmax(z) - eps_i - a * onehot(target)
         keep_all = (target != ignore_index) if ignore_index is not None else torch.ones_like(target, dtype=torch.bool)
