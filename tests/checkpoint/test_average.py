@@ -1,8 +1,10 @@
+import logging
+
 import pytest
 import torch
 
 from aiayn.checkpoint import io as ck
-from aiayn.checkpoint.average import average_checkpoints, last_checkpoints
+from aiayn.checkpoint.average import average_checkpoints, average_weights, last_checkpoints
 from aiayn.cli.main import main
 from aiayn.errors import CheckpointError
 from aiayn.model import build_model
@@ -41,17 +43,98 @@ def test_average_cli_last_n(tmp_path, make_cfg, capsys):
     p = next(ck.load_checkpoint(tmp_path / "avg").model.parameters())
     assert torch.equal(p, torch.full_like(p, 3.0))
     assert "averaged 3 checkpoints" in capsys.readouterr().out
-    with pytest.raises(CheckpointError, match="only 4 exist"):
-        last_checkpoints(tmp_path / "run", 5)
+    assert [p.name for p in last_checkpoints(tmp_path / "run", 1)] == ["step_000004"]
+    d = tmp_path / "run" / "checkpoints"
+    assert _error(last_checkpoints, tmp_path / "run", 5) == (
+        f"{d}: asked for the last 5 checkpoints but only 4 exist (step_000001, step_000002, step_000003, "
+        "step_000004); raise train.keep_last to keep more")
+
+
+def _error(call, *args) -> str:
+    with pytest.raises(CheckpointError) as exc:
+        call(*args)
+    return str(exc.value)
+
+
+def _with_buffer(cfg, value, name, tensor):
+    model = _constant_model(cfg, value)
+    model.register_buffer(name, tensor)
+    return model
 
 
 def test_average_rejects_different_models(tmp_path, make_cfg):
     cfg = make_cfg()
     other = make_cfg(vocab=20)
+    a = ck.save_checkpoint(tmp_path / "a", _constant_model(other, 1.0), other)
+    b = ck.save_checkpoint(tmp_path / "b", _constant_model(cfg, 1.0), cfg)
+    c = ck.save_checkpoint(tmp_path / "c", _constant_model(cfg, 1.0), cfg)
+    assert _error(average_checkpoints, [a, b, c], tmp_path / "avg") == \
+        f"{a}: a different model than {c}; only checkpoints of one model can be averaged"
+
+
+def test_average_rejects_different_weight_names(tmp_path, make_cfg):
+    cfg = make_cfg()
+    a, b = (ck.save_checkpoint(tmp_path / n, _constant_model(cfg, 1.0), cfg) for n in "ab")
+    c = ck.save_checkpoint(tmp_path / "c", _with_buffer(cfg, 1.0, "extra", torch.zeros(1)), cfg)
+    assert _error(average_weights, [a, b, c]) == f"{c}: its weight names differ from {a}"
+    # The same extra weight in every checkpoint: the model built from the config has no place for it.
+    d, e = (ck.save_checkpoint(tmp_path / n, _with_buffer(cfg, 1.0, "extra", torch.zeros(1)), cfg) for n in "de")
+    assert _error(average_checkpoints, [d, e], tmp_path / "avg") == (
+        f"{e / ck.MODEL_FILE}: weights do not match the model built from the config (missing: []; "
+        "unexpected: ['extra'])")
+
+
+def test_average_weights_keeps_integer_tensors_and_dtypes(tmp_path, make_cfg):
+    # Integer tensors are not averaged: the last checkpoint's is kept. (They were once left
+    # out of the name comparison, so a second checkpoint was refused: "weight names differ".)
+    cfg = make_cfg()
+    first = ck.save_checkpoint(tmp_path / "b", _with_buffer(cfg, 2.0, "a_count", torch.tensor([5])), cfg)
+    path = ck.save_checkpoint(tmp_path / "c", _with_buffer(cfg, 10.0, "a_count", torch.tensor([6])), cfg)
+    averaged, got_cfg, dirs = average_weights([first, path])
+    assert got_cfg == cfg and dirs == [first, path]
+    reference = build_model(cfg.model)
+    assert sorted(averaged) == sorted([*reference.state_dict(), "a_count"])
+    assert torch.equal(averaged["a_count"], torch.tensor([6]))
+    for name, p in reference.named_parameters():
+        assert averaged[name].dtype == torch.float32 and torch.equal(averaged[name], torch.full_like(p, 6.0)), name
+
+
+def test_average_of_three_takes_config_state_and_tokenizer_from_the_last(tmp_path, make_cfg, caplog):
+    paths = []
+    for i, (value, lr) in enumerate(((1.0, 1e-3), (2.0, 2e-3), (6.0, 3e-3)), 1):
+        cfg = make_cfg(lr=lr)
+        tok = None
+        if i > 1:  # the first has no tokenizer; the others each their own
+            tok = tmp_path / f"tok{i}"
+            tok.mkdir()
+            (tok / "spm.model").write_text(f"tokenizer {i}")
+        paths.append(ck.save_checkpoint(tmp_path / f"c{i}", _constant_model(cfg, value), cfg, tokenizer=tok,
+                                        state={"step": 10 * i, "epoch": i}))
+    with caplog.at_level(logging.INFO, logger="aiayn.checkpoint.average"):
+        out = average_checkpoints(paths, tmp_path / "avg")
+    assert [r.getMessage() for r in caplog.records] == [f"averaged 3 checkpoints (c1, c2, c3) into {out}"]
+    assert ck.load_checkpoint_config(out) == cfg
+    state = ck.read_state(out)
+    assert {k: state[k] for k in ("step", "epoch", "averaged_from", "averaged_steps")} == {
+        "step": 30, "epoch": 3, "averaged_from": [str(p) for p in paths], "averaged_steps": [10, 20, 30]}
+    assert (out / "tokenizer" / "spm.model").read_text() == "tokenizer 3"
+    model = build_model(cfg.model)
+    ck.load_model_weights(model, out / ck.MODEL_FILE)
+    for p in model.parameters():
+        assert torch.equal(p, torch.full_like(p, 3.0))
+
+
+def test_average_argument_errors(tmp_path, make_cfg):
+    assert _error(average_weights, []) == "no checkpoints to average"
+    assert _error(average_checkpoints, [], tmp_path / "avg") == "no checkpoints to average"
+    cfg = make_cfg()
     a = ck.save_checkpoint(tmp_path / "a", _constant_model(cfg, 1.0), cfg)
-    b = ck.save_checkpoint(tmp_path / "b", _constant_model(other, 1.0), other)
-    with pytest.raises(CheckpointError, match="different model"):
-        average_checkpoints([a, b], tmp_path / "avg")
+    assert _error(average_checkpoints, [a], a) == f"{a.resolve()}: the output would overwrite one of the inputs"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _error(last_checkpoints, empty, 1) == \
+        f"{empty}: no checkpoints found (expected step_* directories in {empty})"
+    assert _error(last_checkpoints, empty, 0) == "--last: need at least 1 checkpoint, got 0"
 
 
 def _tree_bytes(root) -> dict:

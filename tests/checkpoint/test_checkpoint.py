@@ -80,6 +80,27 @@ def test_no_wrapper_prefixes(tmp_path, make_cfg, wrap):
         assert torch.equal(got[name], tensor), name
 
 
+def _ddp(m):
+    """A DistributedDataParallel around ``m`` as unwrap_model sees it (no process group needed)."""
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    torch.nn.Module.__init__(ddp)
+    ddp.module = m
+    return ddp
+
+
+@pytest.mark.parametrize("wrap", [_Compiled, _ddp, lambda m: _ddp(_Compiled(_ddp(m)))],
+                         ids=["orig_mod", "ddp", "nested"])
+def test_unwrap_model_returns_the_model_itself(tmp_path, make_cfg, wrap):
+    cfg = make_cfg()
+    model, _ = _trained(cfg)
+    assert ck.unwrap_model(wrap(model)) is model
+    assert ck.unwrap_model(_Holder(model)).module is model  # not a wrapper unwrap_model knows
+    ck.save_checkpoint(tmp_path / "ck", model, cfg)
+    fresh = build_model(cfg.model)
+    ck.load_model_weights(wrap(fresh), tmp_path / "ck" / ck.MODEL_FILE)
+    assert torch.equal(fresh.src_embed.weight, model.src_embed.weight)
+
+
 def test_rng_round_trip():
     import random
 
@@ -98,11 +119,15 @@ def test_corrupted_file_is_a_clear_error(tmp_path, make_cfg):
     model, _ = _trained(cfg)
     path = ck.save_checkpoint(tmp_path / "ck", model, cfg)
     f = path / "model.safetensors"
+    expected = ck._sha256(f)
     data = bytearray(f.read_bytes())
     data[-5] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="model.safetensors: checksum mismatch"):
+    with pytest.raises(CheckpointError) as exc:
         ck.load_checkpoint(path)
+    assert str(exc.value) == (
+        f"{f}: checksum mismatch (expected sha256 {expected[:12]}..., got {ck._sha256(f)[:12]}...); "
+        "the file is corrupted or was modified: use another checkpoint")
     (path / "checksums.sha256").unlink()
     with pytest.raises(CheckpointError, match="incomplete checkpoint"):
         ck.load_checkpoint(path)
@@ -239,5 +264,5 @@ def test_manager_best_only_checkpoints_stay_outside_the_periodic_window(tmp_path
     mgr.save(6, model, cfg, state={"step": 6})
     assert mgr.best() == mgr.last() == d / "step_000006"
     assert sorted(p.name for p in d.iterdir()) == ["best", "last", "step_000005", "step_000006"]
-    with pytest.raises(ValueError, match="must be the best"):
+    with pytest.raises(ValueError, match="^a checkpoint that is not periodic must be the best$"):
         mgr.save(7, model, cfg, periodic=False)

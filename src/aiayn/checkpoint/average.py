@@ -56,7 +56,7 @@ def average_weights(paths: list[str | Path]) -> tuple[dict[str, torch.Tensor], C
             raise CheckpointError(f"{d}: a different model than {dirs[-1]}; only checkpoints of "
                                   "one model can be averaged")
         tensors = ckpt_io.read_model_weights(d / ckpt_io.MODEL_FILE)
-        if total and set(tensors) != set(total):
+        if reference and set(tensors) != set(reference):  # every name, integer tensors too
             raise CheckpointError(f"{d}: its weight names differ from {dirs[0]}")
         for name, t in tensors.items():
             if not t.is_floating_point():
@@ -84,7 +84,7 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
         raise CheckpointError(f"{out}: the output would overwrite one of the inputs")
     averaged, cfg, dirs = average_weights(paths)
     model = build_model(cfg.model)
-    model.load_state_dict(averaged, strict=True)
+    ckpt_io.load_model_tensors(model, averaged, dirs[-1] / ckpt_io.MODEL_FILE)
     states = [ckpt_io.read_state(d) for d in dirs]
     state = {
         "step": states[-1].get("step"),

@@ -172,8 +172,13 @@ def read_model_weights(path: str | Path, device: str | torch.device = "cpu") -> 
 
 def load_model_weights(model: nn.Module, path: str | Path) -> None:
     """Load a model.safetensors into ``model`` (strict: every name must match)."""
+    load_model_tensors(model, read_model_weights(path), path)
+
+
+def load_model_tensors(model: nn.Module, tensors: dict[str, Tensor], path: str | Path) -> None:
+    """Load ``tensors`` (read from ``path``, which errors name) into ``model``: every name,
+    shape and floating dtype must be the model's."""
     model = unwrap_model(model)
-    tensors = read_model_weights(path)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
