@@ -37,25 +37,32 @@ class _State:
 class ScriptedModel:
     """next-token probabilities = table(sentence, prefix); tokens not listed get 0."""
 
-    def __init__(self, table: Table, vocab: int = VOCAB, max_steps: int | None = None) -> None:
+    def __init__(self, table: Table, vocab: int = VOCAB, max_steps: int | None = None, bos: int = BOS_ID) -> None:
         self.table = table
         self.vocab = vocab
         self.max_steps = max_steps
+        self.bos = bos
         self.steps = 0
         self.rows_seen: list[int] = []
+        self.fed: list[list[int]] = []  # the tokens of every step
+        self.hints: list[bool] = []  # the same_sources hint of every reorder
+        self.init_steps: list[int] = []
 
     def init_state(self, src: torch.Tensor, max_steps: int) -> _State:
         # The sentence id is the source's first token (minus 100), so batches can be reshuffled.
+        self.init_steps.append(max_steps)
+        self.src_width = src.size(1)
         return _State([int(x) - 100 for x in src[:, 0]], [() for _ in range(src.size(0))])
 
     def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False):
         self.steps += 1
         self.rows_seen.append(tokens.numel())
         toks = tokens.tolist()
+        self.fed.append(toks)
         out = torch.full((len(toks), self.vocab), float("-inf"))
-        attn = torch.zeros(len(toks), 1, 1, 3) if need_attn else None
+        attn = torch.zeros(len(toks), 1, 1, self.src_width) if need_attn else None
         for r, tok in enumerate(toks):
-            if tok != BOS_ID:
+            if tok != self.bos:
                 state.prefixes[r] = state.prefixes[r] + (tok,)
             for t, p in self.table(state.sents[r], state.prefixes[r]).items():
                 out[r, t] = math.log(p) if p > 0 else float("-inf")
@@ -66,6 +73,7 @@ class ScriptedModel:
     def reorder(self, state: _State, index: torch.Tensor, same_sources: bool = False) -> _State:
         idx = index.tolist()
         sents = [state.sents[i] for i in idx]
+        self.hints.append(same_sources)
         if same_sources:  # the hint must be true whenever the search gives it
             assert sents == state.sents
         return _State(sents, [state.prefixes[i] for i in idx])
@@ -219,6 +227,17 @@ def test_forced_prefix() -> None:
     assert h1.tokens == [B, A] and h2.tokens == [A]
 
 
+@pytest.mark.parametrize("searcher, cfg", [(beam_search, _cfg()), (greedy_search, _cfg(beam=1)),
+                                           (sample, _cfg(sampling=True))])
+def test_forced_prefix_longer_than_the_length_bound(searcher, cfg: DecodeConfig) -> None:
+    # max_len 1, but the 3-token prefix is forced in full; C has probability 0 after B A.
+    model = ScriptedModel(table0)
+    [[hyp]] = searcher(model, _src(0), replace(cfg, max_len_b=1), prefix=[[B, A, C]])
+    assert hyp.tokens == [B, A, C]
+    assert hyp.log_prob == pytest.approx(math.log(0.3 * 0.5 * 0.8) - 1e4)
+    assert model.init_steps == [4]
+
+
 def test_no_repeat_ngram() -> None:
     model = ScriptedModel(lambda s, p: {A: 0.9, B: 0.09, EOS_ID: 0.01})
     [[hyp]] = greedy_search(model, _src(0), _cfg(beam=1, max_len_b=6, no_repeat_ngram_size=2))
@@ -248,8 +267,10 @@ def test_search_dispatch_and_validation() -> None:
 # ------------------------------------------------- a textbook reference, one sentence
 
 
-def reference_beam(table: Table, sent: int, cfg: DecodeConfig, src_len: int) -> list[tuple]:
-    """Plain-Python beam search with the same rules, for one sentence."""
+def reference_beam(table: Table, sent: int, cfg: DecodeConfig, src_len: int,
+                   steps: list[int] | None = None) -> list[tuple]:
+    """Plain-Python beam search with the same rules, for one sentence; appends the number of
+    steps it took to ``steps``."""
     max_len = int(src_len * cfg.max_len_a + cfg.max_len_b)
 
     def lp(n: float) -> float:
@@ -283,6 +304,8 @@ def reference_beam(table: Table, sent: int, cfg: DecodeConfig, src_len: int) -> 
         if (len(finished) >= cfg.beam or best_live == -math.inf
                 or (len(finished) >= cfg.nbest and finished[cfg.nbest - 1][1] >= bound)):
             break
+    if steps is not None:
+        steps.append(t + 1)
     return finished[:cfg.nbest]
 
 
@@ -303,18 +326,24 @@ def random_table(seed: int) -> Table:
     dict(beam=3, lenpen=1.0, lenpen_style="fairseq", nbest=3),
     dict(beam=5, lenpen=0.0, min_len=2, nbest=2),
     dict(beam=2, lenpen=2.0, max_len_b=3),
+    # alpha < 0 rewards short outputs: the bound then uses the next length, not the longest
+    dict(beam=3, lenpen=-0.8, nbest=2),
+    dict(beam=3, lenpen=-1.5, lenpen_style="fairseq", nbest=1),
 ])
 def test_batched_beam_equals_reference(seed: int, kw: dict) -> None:
     table = random_table(seed)
     cfg = _cfg(**{"max_len_b": 7, **kw})
     sents = [3, 1, 4, 1, 5]
-    got = beam_search(ScriptedModel(table), _src(*sents), cfg)
+    model = ScriptedModel(table)
+    got = beam_search(model, _src(*sents), cfg)
+    steps: list[int] = []
     for sent, hyps in zip(sents, got):
-        ref = reference_beam(table, sent, cfg, src_len=5)
+        ref = reference_beam(table, sent, cfg, src_len=5, steps=steps)
         assert [tuple(h.tokens) for h in hyps] == [r[0] for r in ref]
         assert [h.score for h in hyps] == pytest.approx([r[1] for r in ref], rel=1e-5)
         assert [h.log_prob for h in hyps] == pytest.approx([r[2] for r in ref], rel=1e-5)
         assert all(a.score >= b.score for a, b in zip(hyps, hyps[1:]))
+    assert model.steps == max(steps)  # the batch runs until its last sentence is done
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -406,3 +435,105 @@ def test_beam_search_with_a_large_vocabulary_is_unchanged_by_row_topk(monkeypatc
         plain = beam_search(IncrementalDecoder(model), src, cfg)
     assert [[h.tokens for h in hyps] for hyps in fast] == [[h.tokens for h in hyps] for hyps in plain]
     assert [[h.score for h in hyps] for hyps in fast] == [[h.score for h in hyps] for hyps in plain]
+
+
+# ------------------------------------------------------------ dispatch and plumbing
+
+
+def upto_four(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+    """Ends (token EOS_ID) only late; A, B, C and the ids 3 and 7 all possible."""
+    return {A: 0.4, B: 0.2, C: 0.2, 7: 0.1, EOS_ID: 0.1 if len(prefix) < 4 else 0.6}
+
+
+@pytest.mark.parametrize("cfg", [_cfg(beam=1, max_len_a=1.0, max_len_b=2),
+                                 _cfg(beam=2, nbest=2, max_len_a=1.0, max_len_b=2),
+                                 _cfg(beam=2, nbest=2, max_len_a=1.0, max_len_b=2, sampling=True, seed=5)])
+def test_search_passes_every_option_on(cfg: DecodeConfig) -> None:
+    # Unusual ids: pad 7 (so |x| = 2 for _src), BOS C, EOS B; EOS_ID is an ordinary token.
+    kw = dict(prefix=[[A], []], need_attn=True, pad=7, bos=C, eos=B)
+    strategy = sample if cfg.sampling else greedy_search if cfg.beam == 1 else beam_search
+    model, ref_model = ScriptedModel(upto_four, bos=C), ScriptedModel(upto_four, bos=C)
+    got = search(model, _src(0, 1), cfg, **kw)
+    ref = strategy(ref_model, _src(0, 1), cfg, **kw)
+    assert model.fed == ref_model.fed and model.hints == ref_model.hints
+    assert model.fed[0] == [C] * len(model.fed[0])
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in ref]
+    assert [[h.score for h in hyps] for hyps in got] == [[h.score for h in hyps] for hyps in ref]
+    for hyps, ref_hyps in zip(got, ref):
+        assert len(hyps) == cfg.nbest
+        for h, r in zip(hyps, ref_hyps):
+            assert torch.equal(h.attention, r.attention)
+            assert h.attention.shape == (1, 1, len(h.tokens) + 1, 2)  # |x| = 2 with pad 7
+            assert len(h.tokens) <= 4 and 7 not in h.tokens and B not in h.tokens
+    assert got[0][0].tokens[0] == A
+
+
+def test_search_dispatch_on_beam_and_sampling() -> None:
+    # Greedy never reorders a single sentence; beam search reorders after every step.
+    for cfg, strategy in [(_cfg(beam=1), greedy_search), (_cfg(beam=2, nbest=2), beam_search),
+                          (_cfg(beam=2, nbest=2, sampling=True), sample)]:
+        model, ref_model = ScriptedModel(table0), ScriptedModel(table0)
+        got = search(model, _src(0), cfg)
+        ref = strategy(ref_model, _src(0), cfg)
+        assert (model.fed, model.hints) == (ref_model.fed, ref_model.hints)
+        assert [h.tokens for h in got[0]] == [h.tokens for h in ref[0]]
+        assert [h.attention for h in got[0]] == [None] * cfg.nbest  # no attention unless asked for
+    model = ScriptedModel(table0)
+    search(model, _src(0), _cfg(beam=1))
+    assert model.hints == []
+
+
+def test_reorder_hints_and_init_steps() -> None:
+    def table(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return table1(sent, prefix) if sent == 1 else never_ends(sent, prefix)
+
+    model = ScriptedModel(table)
+    beam_search(model, _src(0, 1), _cfg(max_len_b=6, nbest=2))
+    # Step 0 creates the beams (rows move); sentence 1 leaves after step 1; then beams only
+    # reshuffle within sentence 0.
+    assert model.hints == [False, False, True, True, True, True]
+    assert model.init_steps == [7]  # 6 tokens + EOS
+    model = ScriptedModel(table)
+    sample(model, _src(0, 1), _cfg(max_len_b=6, nbest=2, sampling=True))
+    assert model.hints[0] is False  # the copies of each sentence
+    assert model.rows_seen[0] == 4
+
+
+def test_greedy_keeps_one_row_per_sentence_whatever_the_beam() -> None:
+    model = ScriptedModel(never_ends)
+    hyps = greedy_search(model, _src(0, 1, 2), _cfg(beam=4, nbest=3, max_len_b=3))
+    assert model.rows_seen == [3, 3, 3, 3]
+    assert [[h.tokens for h in s] for s in hyps] == [[[A, A, A]]] * 3
+
+
+class LayoutModel(ScriptedModel):
+    """Cross-attention (R, 2, S) instead of (R, L, H, S); in bf16."""
+
+    def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False):
+        out, attn = super().step(tokens, state, need_attn)
+        if attn is not None:
+            attn = torch.cat([attn[:, 0], 10 + attn[:, 0]], dim=1).bfloat16()
+        return out, attn
+
+
+@pytest.mark.parametrize("searcher, cfg", [(beam_search, _cfg(nbest=2)), (greedy_search, _cfg(beam=1)),
+                                           (sample, _cfg(nbest=2, sampling=True))])
+def test_attention_of_any_layout_is_trimmed_to_the_source(searcher, cfg: DecodeConfig) -> None:
+    src = torch.tensor([[100, 7, 7, EOS_ID], [101, EOS_ID, PAD_ID, PAD_ID]])
+    hyps = searcher(LayoutModel(table0), src, cfg, need_attn=True)
+    for s, src_len in zip(hyps, (4, 2)):
+        assert len(s) == cfg.nbest
+        for h in s:
+            steps = len(h.tokens) + 1
+            assert h.attention.dtype == torch.float32
+            assert h.attention.shape == (2, steps, src_len)
+            assert h.attention[0, :, 0].tolist() == list(range(steps))
+            assert h.attention[1, :, 0].tolist() == [10.0 + i for i in range(steps)]
+
+
+def test_early_termination_when_the_bound_ties_the_finished_score() -> None:
+    # EOS and A equally likely at step 0: EOS finishes with exactly the best live score, and
+    # nothing live can beat it (lenpen 0) -> done after one step.
+    model = ScriptedModel(lambda s, p: {EOS_ID: 0.4, A: 0.4, B: 0.2})
+    [[hyp]] = beam_search(model, _src(0), _cfg())
+    assert hyp.tokens == [] and model.steps == 1
