@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 from pathlib import Path
@@ -29,7 +30,8 @@ from aiayn.data.trees import (
 )
 from aiayn.errors import DataError
 
-PTB_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "ptb-sample"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
+PTB_DIR = MIRROR / "ptb-sample"
 PTB_FILES = PTB_DIR / "combined"
 
 needs_ptb = pytest.mark.skipif(not PTB_FILES.is_dir(), reason="shared/data/ptb-sample not present")
@@ -318,18 +320,29 @@ def test_phrase_subtrees_are_every_phrase_below_the_root_of_enough_words() -> No
 # ---------------------------------------------------------------------------- preparation
 @needs_ptb
 def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -> None:
+    ptb = tmp_path / "ptb"
+    ptb.mkdir()
+    for name in ("wsj_0001.mrg", "wsj_0002.mrg", "wsj_0003.mrg"):
+        shutil.copy(PTB_FILES / name, ptb / name)
+    splits = {"train": (1, 2), "test": (3, 3)}
     plain, more = tmp_path / "plain", tmp_path / "more"
-    prepare_parsing(PTB_DIR, plain, target="words")
-    summary = prepare_parsing(PTB_DIR, more, target="words", subtrees=3)
+    assert "phrases" not in prepare_parsing(ptb, plain, splits=splits, target="words")
+    summary = prepare_parsing(ptb, more, splits=splits, target="words", subtrees=3)
     train_trees = read_trees(plain / "train.gold.txt")
     phrases = phrase_subtrees(train_trees, 3)
-    assert summary["phrases"] == len(phrases) == 40173 and summary["splits"]["train"]["trees"] == 3396
+    assert summary["phrases"] == len(phrases) == 24
+    # The phrases add pairs, not trees: the counts are the whole sentences'.
+    assert summary["splits"]["train"] == {"trees": 3, "words": 57, "skipped": 0, "files": "wsj_0001-wsj_0002"}
     for kind in ("src", "tgt"):
         whole = (plain / f"train.{kind}.txt").read_text(encoding="utf-8")
         lines = (more / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
-        assert "".join(lines[:3396]) == whole and len(lines) == 3396 + len(phrases)
-    assert (more / "train.src.txt").read_text(encoding="utf-8").splitlines()[3396] == " ".join(phrases[0].leaves())
-    for name in ("train.gold.txt", "valid.src.txt", "valid.tgt.txt", "test.tgt.txt"):
+        assert "".join(lines[:3]) == whole and len(lines) == 3 + len(phrases)
+    src = (more / "train.src.txt").read_text(encoding="utf-8").splitlines()
+    tgt = (more / "train.tgt.txt").read_text(encoding="utf-8").splitlines()
+    assert src[3:5] == ["Pierre Vinken , 61 years old ,", "61 years old"]
+    assert tgt[3:5] == ["(NP (NP XX Vinken )NP , (ADJP (NP XX years )NP old )ADJP , )NP",
+                        "(ADJP (NP XX years )NP old )ADJP"]
+    for name in ("train.gold.txt", "test.src.txt", "test.tgt.txt", "test.gold.txt"):
         assert (more / name).read_bytes() == (plain / name).read_bytes()
 
 

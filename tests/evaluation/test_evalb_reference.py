@@ -10,6 +10,7 @@ are parsed from the .rsl files and compared at their printed precision.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -30,7 +31,8 @@ from aiayn.evaluation.parsing import (
     score_sentence,
 )
 
-EVALB_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "evalb-sample"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
+EVALB_DIR = MIRROR / "evalb-sample"
 needs_evalb = pytest.mark.skipif(not EVALB_DIR.is_dir(), reason="shared/data/evalb-sample not present")
 
 ROW_FIELDS = (

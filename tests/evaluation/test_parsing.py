@@ -6,6 +6,7 @@ EVALB scores, as (label start end) over the words left after deleting punctuatio
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from aiayn.data.trees import clean_tree, linearize, parse_tree, read_trees, rebu
 from aiayn.errors import DataError
 from aiayn.evaluation.parsing import evalb, evalb_files, evalb_label, score_sentence
 
-PTB_FILES = Path(__file__).resolve().parents[3] / "shared" / "data" / "ptb-sample" / "combined"
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
+PTB_FILES = MIRROR / "ptb-sample" / "combined"
 
 # Words: The cat sat on the mat .  -> scored positions 0..5 (the period is deleted).
 # Brackets: S 0 6, NP 0 2, VP 2 6, PP 3 6, NP 4 6  (5)
