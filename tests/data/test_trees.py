@@ -34,7 +34,7 @@ MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().paren
 PTB_DIR = MIRROR / "ptb-sample"
 PTB_FILES = PTB_DIR / "combined"
 
-needs_ptb = pytest.mark.skipif(not PTB_FILES.is_dir(), reason="shared/data/ptb-sample not present")
+needs_ptb = pytest.mark.skipif(not PTB_FILES.is_dir(), reason=f"the data mirror has no {PTB_FILES}")
 
 
 @pytest.fixture(scope="module")

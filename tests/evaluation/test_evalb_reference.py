@@ -33,7 +33,7 @@ from aiayn.evaluation.parsing import (
 
 MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 EVALB_DIR = MIRROR / "evalb-sample"
-needs_evalb = pytest.mark.skipif(not EVALB_DIR.is_dir(), reason="shared/data/evalb-sample not present")
+needs_evalb = pytest.mark.skipif(not EVALB_DIR.is_dir(), reason=f"the data mirror has no {EVALB_DIR}")
 
 ROW_FIELDS = (
     "id",

@@ -181,7 +181,7 @@ def test_evalb_files_mrg_gold_and_line_predictions(tmp_path: Path) -> None:
         evalb_files(gold, pred)
 
 
-@pytest.mark.skipif(not PTB_FILES.is_dir(), reason="shared/data/ptb-sample not present")
+@pytest.mark.skipif(not PTB_FILES.is_dir(), reason=f"the data mirror has no {PTB_FILES}")
 def test_dev_files_placeholder_tags_score_like_gold_tags() -> None:
     gold = []
     for i in range(160, 180):
