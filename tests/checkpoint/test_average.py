@@ -78,9 +78,9 @@ def test_average_rejects_different_weight_names(tmp_path, make_cfg):
     c = ck.save_checkpoint(tmp_path / "c", _with_buffer(cfg, 1.0, "extra", torch.zeros(1)), cfg)
     assert _error(average_weights, [a, b, c]) == f"{c}: its weight names differ from {a}"
     # The same extra weight in every checkpoint: the model built from the config has no place for it.
-    d, e = (ck.save_checkpoint(tmp_path / n, _with_buffer(cfg, 1.0, "extra", torch.zeros(1)), cfg) for n in "de")
-    assert _error(average_checkpoints, [d, e], tmp_path / "avg") == (
-        f"{e / ck.MODEL_FILE}: weights do not match the model built from the config (missing: []; "
+    d, e, f = (ck.save_checkpoint(tmp_path / n, _with_buffer(cfg, 1.0, "extra", torch.zeros(1)), cfg) for n in "def")
+    assert _error(average_checkpoints, [d, e, f], tmp_path / "avg") == (  # named by the last one
+        f"{f / ck.MODEL_FILE}: weights do not match the model built from the config (missing: []; "
         "unexpected: ['extra'])")
 
 
