@@ -15,29 +15,29 @@ score_mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(score_mod)
 
 RESULTS = """\
-    aiayn.training.schedule.x_noam_lr__mutmut_1: killed
-    aiayn.training.schedule.x_noam_lr__mutmut_2: survived
-    aiayn.training.schedule.x_constant_lr__mutmut_1: survived
-    aiayn.training.schedule.x_constant_lr__mutmut_2: timeout
-    aiayn.checkpoint.io.xǁCheckpointManagerǁprune__mutmut_3: no tests
-    aiayn.checkpoint.io.xǁCheckpointManagerǁprune__mutmut_4: killed
-    aiayn.checkpoint.io.x_save_optimizer__mutmut_9: not checked
+    pkg.example.schedule.x_noam_lr__mutmut_1: killed
+    pkg.example.schedule.x_noam_lr__mutmut_2: survived
+    pkg.example.schedule.x_constant_lr__mutmut_1: survived
+    pkg.example.schedule.x_constant_lr__mutmut_2: timeout
+    pkg.example.io.xǁCheckpointManagerǁprune__mutmut_3: no tests
+    pkg.example.io.xǁCheckpointManagerǁprune__mutmut_4: killed
+    pkg.example.io.x_save_optimizer__mutmut_9: not checked
 """
 
 
 def test_modules_statuses_and_equivalents_are_tallied() -> None:
     per_module, survivors = score_mod.tally(RESULTS.splitlines(),
-                                            {"aiayn.training.schedule.x_constant_lr__mutmut_1"})
+                                            {"pkg.example.schedule.x_constant_lr__mutmut_1"})
     assert per_module == {
-        "aiayn.training.schedule": Counter(killed=2, survived=1, equivalent=1),
-        "aiayn.checkpoint.io": Counter(killed=1, survived=1, other=1),
+        "pkg.example.schedule": Counter(killed=2, survived=1, equivalent=1),
+        "pkg.example.io": Counter(killed=1, survived=1, other=1),
     }
-    assert survivors == ["aiayn.training.schedule.x_noam_lr__mutmut_2: survived",
-                         "aiayn.checkpoint.io.xǁCheckpointManagerǁprune__mutmut_3: no tests",
-                         "aiayn.checkpoint.io.x_save_optimizer__mutmut_9: not checked"]
+    assert survivors == ["pkg.example.schedule.x_noam_lr__mutmut_2: survived",
+                         "pkg.example.io.xǁCheckpointManagerǁprune__mutmut_3: no tests",
+                         "pkg.example.io.x_save_optimizer__mutmut_9: not checked"]
     # Equivalent mutants leave the denominator; timeouts count as killed.
-    assert score_mod.score(per_module["aiayn.training.schedule"]) == 100 * 2 / 3
-    assert score_mod.score(per_module["aiayn.checkpoint.io"]) == 100 * 1 / 3
+    assert score_mod.score(per_module["pkg.example.schedule"]) == 100 * 2 / 3
+    assert score_mod.score(per_module["pkg.example.io"]) == 100 * 1 / 3
 
 
 def test_the_review_file_lists_names_with_reasons(tmp_path: Path) -> None:
@@ -52,6 +52,6 @@ def test_the_exit_code_follows_the_target() -> None:
         return subprocess.run([sys.executable, str(SCRIPT), "--target", target], input=RESULTS,
                               capture_output=True, text=True)
     low, high = run("40"), run("50")
-    # 3 killed of 7 judged (the repo's review file names none of these mutants).
+    # 3 killed of 7 judged (the repo's review file names no mutant of this made-up package).
     assert (low.returncode, high.returncode) == (0, 1)
     assert "total" in low.stdout and "42.9%" in low.stdout
