@@ -306,10 +306,12 @@ class TrainConfig:
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
-    # Learning-rate schedule: noam (the paper), inverse_sqrt (fairseq), constant.
+    # Learning-rate schedule: noam (the paper), inverse_sqrt (fairseq), constant, or cosine /
+    # linear (warmup, then down to min_lr at max_steps: HF's and fairseq's decays to the end).
     lr_schedule: str = "noam"
     lr_scale: float = 1.0  # multiplies the noam rate
-    lr: float = 5e-4  # peak rate for inverse_sqrt / constant
+    lr: float = 5e-4  # peak rate for inverse_sqrt / constant / cosine / linear
+    min_lr: float = 0.0  # where cosine / linear end
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     label_smoothing: float = 0.1
@@ -350,7 +352,8 @@ class TrainConfig:
         _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice(prefix, "device", self.device, ("auto", "cpu", "cuda"))
         _choice(prefix, "optimizer", self.optimizer, ("adam", "adamw"))
-        _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant"))
+        _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant", "cosine", "linear"))
+        self._validate_decay(prefix)
         _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
         _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
         _choice(prefix, "max_tokens_mode", self.max_tokens_mode, ("padded", "real"))
@@ -374,6 +377,16 @@ class TrainConfig:
         if self.max_nonfinite < 1:
             raise ConfigError(f"{prefix}.max_nonfinite: must be at least 1")
         self._validate_watching(prefix)
+
+    def _validate_decay(self, prefix: str) -> None:
+        """cosine / linear decay over max_steps: it has to be there, past the warmup."""
+        if self.lr_schedule not in ("cosine", "linear"):
+            return
+        if self.max_steps <= self.warmup_steps:
+            raise ConfigError(f"{prefix}.lr_schedule: {self.lr_schedule} decays until {prefix}.max_steps, which "
+                              f"must be above {prefix}.warmup_steps ({self.warmup_steps}), got {self.max_steps}")
+        if not 0.0 <= self.min_lr < self.lr:
+            raise ConfigError(f"{prefix}.min_lr: must be in [0, {prefix}.lr), got {self.min_lr}")
 
     def _validate_watching(self, prefix: str) -> None:
         """The loggers and early stopping."""

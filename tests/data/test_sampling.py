@@ -17,7 +17,7 @@ from aiayn.config import Config, DataConfig, TrainConfig, apply_overrides
 from aiayn.data.batching import BatchIterator, padded_cost, real_cost
 from aiayn.data.prepare import load_split, load_tokenizer, prepare_data
 from aiayn.data.sampling import SampledPairs, example_seed, training_pairs
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DataError
 from aiayn.text.tokenizer import Tokenizer, bpe_merge, train_tokenizer
 from aiayn.vocab import EOS_ID, UNK_ID
 
@@ -52,10 +52,9 @@ def tok(prepared: Path) -> Tokenizer:
     return load_tokenizer(prepared)
 
 
-def _pairs(prepared: Path, tok: Tokenizer, mode: str = "padded", max_tokens: int = 10_000, **kw: float) -> SampledPairs:
+def _pairs(prepared: Path, tok: Tokenizer, **kw: float) -> SampledPairs:
     alphas = {"alpha_src": 0.2, "alpha_tgt": 0.2, **kw}
-    return SampledPairs(load_split(prepared, "train"), tok, max_tokens=max_tokens, mode=mode, seed=5,
-                        **alphas)  # type: ignore[arg-type]
+    return SampledPairs(load_split(prepared, "train"), tok, seed=5, **alphas)  # type: ignore[arg-type]
 
 
 def _ids(samples: list[tuple[int, np.ndarray, np.ndarray]]) -> list[tuple[int, list[int], list[int]]]:
@@ -115,7 +114,7 @@ def test_a_word_model_cannot_be_sampled(tmp_path: Path, listed_pairs) -> None:
     ds = listed_pairs([(tok.encode_src(s), tok.encode_tgt(s)) for s in sents])
     with pytest.raises(ConfigError, match=r"^data\.subword_alpha_tgt: the target tokenizer's segmentation "
                                           r"cannot be replayed"):
-        SampledPairs(ds, tok, alpha_src=0.0, alpha_tgt=0.1, max_tokens=100)
+        SampledPairs(ds, tok, alpha_src=0.0, alpha_tgt=0.1)
 
 
 # ------------------------------------------------------------------ determinism
@@ -137,7 +136,7 @@ def test_same_seed_epoch_sentence_same_ids(prepared: Path, tok: Tokenizer) -> No
     changed = sum(x != y for x, y in zip(first, second))
     assert 20 < changed <= 40
     # A different seed: other draws.
-    other = SampledPairs(load_split(prepared, "train"), tok, alpha_src=0.2, alpha_tgt=0.2, max_tokens=10_000, seed=6)
+    other = SampledPairs(load_split(prepared, "train"), tok, alpha_src=0.2, alpha_tgt=0.2, seed=6)
     assert _ids(other.epoch_pairs(batch, 1)) != first
 
 
@@ -148,7 +147,7 @@ def test_same_ids_in_another_process(prepared: Path, tok: Tokenizer) -> None:
         from aiayn.data.prepare import load_split, load_tokenizer
         from aiayn.data.sampling import SampledPairs
         p = SampledPairs(load_split({str(prepared)!r}, "train"), load_tokenizer({str(prepared)!r}),
-                         alpha_src=0.2, alpha_tgt=0.2, max_tokens=10_000, seed=5)
+                         alpha_src=0.2, alpha_tgt=0.2, seed=5)
         print([(i, s.tolist(), t.tolist()) for i, s, t in p.epoch_pairs(np.arange(0, 40), 3)])
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
@@ -164,7 +163,8 @@ def test_alpha_zero_is_the_baseline(prepared: Path, tok: Tokenizer) -> None:
     assert training_pairs(train, tok, cfg) is train
     # One side on, the other keeps its ids exactly.
     pairs = _pairs(prepared, tok, alpha_src=0.0)
-    assert pairs.growth[0] == 1.0 and (pairs.src_sizes == train.src_sizes).all()
+    src_sizes, tgt_sizes = pairs.epoch_sizes(1)
+    assert (src_sizes == train.src_sizes).all() and (tgt_sizes > train.tgt_sizes).any()
     for i, s, _ in pairs.epoch_pairs(np.arange(len(train)), 1):
         assert np.array_equal(s, train[i][0])
     assert any(not np.array_equal(t, train[i][1]) for i, _, t in pairs.epoch_pairs(np.arange(len(train)), 1))
@@ -173,22 +173,24 @@ def test_alpha_zero_is_the_baseline(prepared: Path, tok: Tokenizer) -> None:
 @pytest.mark.parametrize("mode", ["padded", "real"])
 def test_batches_same_sentences_new_pieces_within_max_tokens(prepared: Path, tok: Tokenizer, mode: str) -> None:
     train = load_split(prepared, "train")
-    pairs = _pairs(prepared, tok, mode=mode, max_tokens=120)
-    assert pairs.growth[0] > 1.0 and pairs.growth[1] > 1.0
-    assert (pairs.src_sizes >= train.src_sizes).all() and (pairs.tgt_sizes >= train.tgt_sizes).all()
+    pairs = _pairs(prepared, tok)
     it = BatchIterator(pairs, 120, seed=1, mode=mode)
     base = BatchIterator(train, 120, seed=1, mode=mode)
     assert len(it) > len(base)  # longer pieces: fewer sentences a batch
     cost = padded_cost if mode == "padded" else real_cost
     epochs = []
-    for _ in range(3):
+    for epoch in (1, 2, 3):
         batches = list(it)
+        sizes = pairs.epoch_sizes(epoch)
+        assert len(batches) == len(BatchIterator(_Sized(*sizes), 120, seed=1, mode=mode))  # batched by its lengths
         for b in batches:
             src_lens = b.src.ne(0).sum(1).numpy()
             tgt_lens = b.tgt_out.ne(0).sum(1).numpy() - 1
             assert cost(src_lens, tgt_lens) <= 120
             assert (b.src.gather(1, torch.tensor(src_lens - 1)[:, None]) == EOS_ID).all()
         epochs.append(batches)
+    # As full as without sampling: the padding share is about the same.
+    assert _padding(epochs[0]) <= _padding(list(base)) + 0.05
     # Each epoch: every sentence once, its text unchanged, its pieces (mostly) new.
     for batches in epochs:
         ids = np.concatenate([b.ids.numpy() for b in batches])
@@ -201,11 +203,37 @@ def test_batches_same_sentences_new_pieces_within_max_tokens(prepared: Path, tok
     assert sum(first[i] != third[i] for i in first) > len(train) // 2
 
 
+class _Sized:
+    """Only lengths, for counting the batches a BatchIterator makes of them."""
+
+    def __init__(self, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> None:
+        self.src_sizes, self.tgt_sizes = src_sizes, tgt_sizes
+
+    def __len__(self) -> int:
+        return len(self.src_sizes)
+
+
+def _padding(batches: list) -> float:
+    """Padding's share of the batches' target tensors."""
+    return float(sum((b.tgt_out == 0).sum() for b in batches) / sum(b.tgt_out.numel() for b in batches))
+
+
+def test_resume_position_counts_the_epochs_own_batches(prepared: Path, tok: Tokenizer) -> None:
+    pairs = _pairs(prepared, tok)
+    it = BatchIterator(pairs, 120, seed=1)
+    n3 = len(it.epoch_batches(3))
+    it.load_state_dict({"epoch": 3, "offset": n3})
+    assert it.epoch == 3 and len(it) == n3
+    with pytest.raises(DataError, match=rf"^invalid data position epoch=3 offset={n3 + 1} "
+                                        rf"\(this shard has {n3} batches in that epoch\)$"):
+        it.load_state_dict({"epoch": 3, "offset": n3 + 1})
+
+
 def test_a_sample_over_max_len_keeps_its_ids(prepared: Path, tok: Tokenizer) -> None:
     """alpha 1 skips every merge: a sentence's sample is its characters, unless there are more
     than max_len of them (and than its deterministic pieces)."""
     train = load_split(prepared, "train")
-    pairs = SampledPairs(train, tok, alpha_src=1.0, alpha_tgt=0.0, max_tokens=10_000, max_len=12)
+    pairs = SampledPairs(train, tok, alpha_src=1.0, alpha_tgt=0.0, max_len=12)
     kept = 0
     for i, s, _ in pairs.epoch_pairs(np.arange(len(train)), 1):
         det = train[i][0]

@@ -177,12 +177,12 @@ SAMPLING = ["data.subword_alpha_src=0.3", "data.subword_alpha_tgt=0.3"]
 
 @pytest.fixture(scope="module")
 def bpe_prepared(tmp_path_factory) -> Path:
-    """Text with a BPE vocabulary (subword sampling needs one): 40 pairs of 1-3 words, ~10
+    """Text with a BPE vocabulary (subword sampling needs one): 60 pairs of 1-3 words, ~9
     batches an epoch once sampling lengthens them, so step 6 is mid-epoch and 12 in epoch 2."""
     tmp = tmp_path_factory.mktemp("bpe")
     rng = random.Random(0)
     words = "a man woman dog cat rides walks on the street with red ball".split()
-    src = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) for _ in range(40)]
+    src = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 3))) for _ in range(60)]
     files = {}
     for role, lines in (("train", src), ("valid", src[:8])):
         for side, text in (("src", lines), ("tgt", [" ".join(reversed(x.split())) for x in lines])):

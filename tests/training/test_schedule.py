@@ -107,5 +107,43 @@ def test_make_schedule_passes_every_setting(step):
 
 
 def test_make_schedule_unknown_kind():
-    with pytest.raises(ValueError, match=r"^unknown lr_schedule 'cosine'$"):
-        make_schedule(TrainConfig(lr_schedule="cosine"), 512)
+    with pytest.raises(ValueError, match=r"^unknown lr_schedule 'polynomial'$"):
+        make_schedule(TrainConfig(lr_schedule="polynomial"), 512)
+
+
+@pytest.mark.parametrize(("shape", "step", "expected"), [
+    ("cosine", 1, 1e-4 + (1e-3 - 1e-4) / 10),  # warmup, as the others
+    ("cosine", 10, 1e-3),                      # the peak at the end of the warmup
+    ("cosine", 55, 0.5 * (1e-3 + 1e-5)),       # half-way down: the middle of the range
+    ("cosine", 32, 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + math.cos(math.pi * 22 / 90))),
+    ("cosine", 100, 1e-5),                     # min_lr at max_steps
+    ("cosine", 150, 1e-5),                     # and after it
+    ("linear", 55, 0.5 * (1e-3 + 1e-5)),
+    ("linear", 28, 1e-3 - (1e-3 - 1e-5) * 0.2),
+    ("linear", 100, 1e-5),
+])
+def test_decay_table(shape, step, expected):
+    from aiayn.training.schedule import decay_lr
+    assert decay_lr(step, 1e-3, 10, 100, shape=shape, init_lr=1e-4, min_lr=1e-5) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("shape", ["cosine", "linear"])
+def test_decay_from_config_falls_monotonically_to_min_lr(shape):
+    train = TrainConfig(lr_schedule=shape, lr=2e-3, warmup_steps=20, max_steps=200, min_lr=1e-4, warmup_init_lr=0.0)
+    train.validate()
+    lrs = [make_schedule(train, 256)(step) for step in range(20, 201)]
+    assert lrs[0] == pytest.approx(2e-3)
+    assert all(a > b for a, b in zip(lrs, lrs[1:]))
+    assert lrs[-1] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"max_steps": 0}, "train.lr_schedule: cosine decays until train.max_steps, which must be above"),
+    ({"max_steps": 100, "warmup_steps": 100}, "train.max_steps, which must be above train.warmup_steps (100), got 100"),
+    ({"max_steps": 1000, "min_lr": 1e-3}, "train.min_lr: must be in [0, train.lr)"),
+])
+def test_decay_needs_a_horizon_past_the_warmup(fields, message):
+    from aiayn.errors import ConfigError
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**{"lr_schedule": "cosine", "lr": 1e-3, "warmup_steps": 10, **fields}).validate()
+    assert message in str(err.value)

@@ -25,7 +25,7 @@ evaluation sets are never filtered, and dropping a test sentence would change th
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -225,25 +225,37 @@ class BatchIterator:
         self.offset: int = 0
         self._src_sizes = np.asarray(dataset.src_sizes, dtype=np.int64)
         self._tgt_sizes = np.asarray(dataset.tgt_sizes, dtype=np.int64)
-        n = len(self._src_sizes)
-        if n == 0:
+        if len(self._src_sizes) == 0:
             raise DataError("cannot batch an empty dataset")
-        self._sort_key = self._src_sizes * (int(self._tgt_sizes.max()) + 1) + self._tgt_sizes
-        # The sorted length sequence is the same for every tie-break permutation, so the
-        # boundaries (and the split schedule for sharding) are computed once.
-        order = self._sorted_order(None)
-        self._bounds = self._shard_bounds(
-            _boundaries(self._src_sizes[order], self._tgt_sizes[order], self.max_tokens, mode))
+        # A dataset whose lengths change from epoch to epoch (subword sampling) is batched
+        # by each epoch's lengths; any other once, by its own.
+        self._epoch_sizes: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = getattr(dataset, "epoch_sizes", None)
+        self._layout = self._lay_out(self._src_sizes, self._tgt_sizes) if self._epoch_sizes is None else None
         self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def _lay_out(self, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """The sort key and this shard's batch boundaries over the sorted sentences."""
+        key = src_sizes * (int(tgt_sizes.max()) + 1) + tgt_sizes
+        # The sorted length sequence is the same for every tie-break permutation, so the
+        # boundaries (and the split schedule for sharding) are computed once per layout.
+        order = np.argsort(key, kind="stable")
+        return key, self._shard_bounds(_boundaries(src_sizes[order], tgt_sizes[order], self.max_tokens, self.mode))
 
     # ------------------------------------------------------------------ batches
 
-    def _sorted_order(self, rng: np.random.Generator | None) -> np.ndarray:
-        n = len(self._src_sizes)
+    def _epoch_layout(self, epoch: int) -> tuple[np.ndarray, list[int]]:
+        if self._epoch_sizes is not None:
+            return self._lay_out(*self._epoch_sizes(epoch))
+        assert self._layout is not None
+        return self._layout
+
+    @staticmethod
+    def _sorted_order(key: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+        n = len(key)
         base = rng.permutation(n) if rng is not None else np.arange(n)
         # By source length, then target length; a stable sort keeps `base`'s order among
         # equal lengths. One combined integer key sorts ~2x faster than np.lexsort.
-        return base[np.argsort(self._sort_key[base], kind="stable")]
+        return base[np.argsort(key[base], kind="stable")]
 
     def _shard_bounds(self, bounds: list[int]) -> list[int]:
         """Split the largest batches in two until the batch count divides by num_shards."""
@@ -271,9 +283,9 @@ class BatchIterator:
         epoch = self.epoch if epoch is None else int(epoch)
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
+        key, bounds = self._epoch_layout(epoch)
         rng = self._rng(epoch) if self.shuffle else None
-        order = self._sorted_order(rng)
-        bounds = self._bounds
+        order = self._sorted_order(key, rng)
         batches = [order[bounds[i]:bounds[i + 1]] for i in range(len(bounds) - 1)]
         if rng is not None:
             batches = [batches[i] for i in rng.permutation(len(batches))]
@@ -282,7 +294,10 @@ class BatchIterator:
         return mine
 
     def __len__(self) -> int:
-        return (len(self._bounds) - 1) // self.num_shards
+        """This shard's batches in the current epoch."""
+        if self._layout is not None:
+            return (len(self._layout[1]) - 1) // self.num_shards
+        return len(self.epoch_batches())
 
     def __iter__(self) -> Iterator[Batch]:
         batches = self.epoch_batches(self.epoch)
@@ -315,7 +330,8 @@ class BatchIterator:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         epoch, offset = int(state["epoch"]), int(state["offset"])
-        if epoch < 1 or not 0 <= offset <= len(self):
+        n = len(self.epoch_batches(epoch)) if epoch >= 1 else 0
+        if epoch < 1 or not 0 <= offset <= n:
             raise DataError(f"invalid data position epoch={epoch} offset={offset} "
-                            f"(this shard has {len(self)} batches per epoch)")
+                            f"(this shard has {n} batches in that epoch)")
         self.epoch, self.offset = epoch, offset
