@@ -97,7 +97,7 @@ def test_overrides_typed() -> None:
     ("train.label_smoothing=1.5", "train.label_smoothing"),
     ("train.max_tokens=0", "train.max_tokens"),
     ("train.adam_betas=[0.9]", "train.adam_betas"),
-    ("train.lr_schedule=cosine", "train.lr_schedule"),
+    ("train.lr_schedule=polynomial", "train.lr_schedule"),
     ("train.loggers=[jsonl, mlflow]", "train.loggers"),
     ("train.loggers=wandb", "train.loggers"),           # a list, not a name
     ("train.patience=-1", "train.patience"),
