@@ -278,6 +278,9 @@ class DataConfig:
 
 # What train.loggers may name (aiayn.training.loggers); jsonl is written either way.
 TRAIN_LOGGERS = ("jsonl", "tensorboard", "wandb")
+# Schedules that decay to train.min_lr at train.max_steps (aiayn.training.schedule.decay_lr).
+DECAY_SCHEDULES = ("cosine", "linear")
+LR_SCHEDULES = ("noam", "inverse_sqrt", "constant", *DECAY_SCHEDULES)
 
 
 @dataclass
@@ -352,7 +355,7 @@ class TrainConfig:
         _choice(prefix, "dtype", self.dtype, ("fp32", "bf16", "fp16", "auto"))
         _choice(prefix, "device", self.device, ("auto", "cpu", "cuda"))
         _choice(prefix, "optimizer", self.optimizer, ("adam", "adamw"))
-        _choice(prefix, "lr_schedule", self.lr_schedule, ("noam", "inverse_sqrt", "constant", "cosine", "linear"))
+        _choice(prefix, "lr_schedule", self.lr_schedule, LR_SCHEDULES)
         self._validate_decay(prefix)
         _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
         _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
@@ -380,7 +383,7 @@ class TrainConfig:
 
     def _validate_decay(self, prefix: str) -> None:
         """cosine / linear decay over max_steps: it has to be there, past the warmup."""
-        if self.lr_schedule not in ("cosine", "linear"):
+        if self.lr_schedule not in DECAY_SCHEDULES:
             return
         if self.max_steps <= self.warmup_steps:
             raise ConfigError(f"{prefix}.lr_schedule: {self.lr_schedule} decays until {prefix}.max_steps, which "

@@ -112,7 +112,7 @@ class SampledPairs:
     def _samples(self, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Every sentence of ``epoch`` as segmented in it (the last epoch asked for is kept)."""
         if self._epoch is None or self._epoch[0] != epoch:
-            pairs = [self.dataset[i] for i in range(len(self.dataset))]
+            pairs = (self.dataset[i] for i in range(len(self.dataset)))
             self._epoch = (epoch, [(self.sample_side(s, 0, i, epoch), self.sample_side(t, 1, i, epoch))
                                    for i, (s, t) in enumerate(pairs)])
         return self._epoch[1]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from aiayn.config import TrainConfig
+from aiayn.config import DECAY_SCHEDULES, TrainConfig
 
 
 def noam_lr(step: int, d_model: int, warmup: int, scale: float = 1.0) -> float:
@@ -48,8 +48,8 @@ def decay_lr(step: int, peak_lr: float, warmup: int, total: int, *, shape: str =
              init_lr: float = 0.0, min_lr: float = 0.0) -> float:
     """Warmup to ``peak_lr``, then ``shape`` (cosine | linear) down to ``min_lr`` at ``total``."""
     step = max(step, 1)
-    if warmup > 0 and step < warmup:
-        return init_lr + (peak_lr - init_lr) * step / warmup
+    if step < warmup:
+        return constant_lr(step, peak_lr, warmup, init_lr)
     if step >= total:
         return min_lr
     progress = (step - warmup) / max(total - warmup, 1)
@@ -66,7 +66,7 @@ def make_schedule(train: TrainConfig, d_model: int) -> Callable[[int], float]:
         return lambda step: inverse_sqrt_lr(step, train.lr, train.warmup_steps, train.warmup_init_lr)
     if kind == "constant":
         return lambda step: constant_lr(step, train.lr, train.warmup_steps, train.warmup_init_lr)
-    if kind in ("cosine", "linear"):
+    if kind in DECAY_SCHEDULES:
         return lambda step: decay_lr(step, train.lr, train.warmup_steps, train.max_steps, shape=kind,
                                      init_lr=train.warmup_init_lr, min_lr=train.min_lr)
     raise ValueError(f"unknown lr_schedule {kind!r}")
