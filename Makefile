@@ -58,6 +58,7 @@ lint: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cpu_train.py
 	$(BIN)/python benchmarks/cpu_decode.py
+	$(BIN)/python benchmarks/cpu_latency.py
 
 # The site (docs/*.md and the API reference from the docstrings) into site/.
 docs: $(VENV)/.installed-docs

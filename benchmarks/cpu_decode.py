@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -128,9 +127,7 @@ def run_one(root: Path, system: str, dtype: str, runs: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     W.add_common_args(ap)
-    ap.add_argument("--systems", default="aiayn,hf,ctranslate2")
-    ap.add_argument("--workdir", help="where the converted models are kept (default: a temporary dir)")
-    ap.add_argument("--one", nargs=3, metavar=("ROOT", "SYSTEM", "DTYPE"), help=argparse.SUPPRESS)
+    W.add_decode_args(ap, "aiayn,hf,ctranslate2")
     args = ap.parse_args()
     runs = W.apply_common_args(args)
     if args.one:
@@ -139,9 +136,7 @@ def main() -> None:
         return
     W.setup_threads()
     wanted = set(args.systems.split(","))
-    with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as tmp:
-        root = Path(args.workdir or tmp)
-        root.mkdir(parents=True, exist_ok=True)
+    with W.model_root(args.workdir) as root:
         try:
             build_models(root)
         except ImportError as exc:  # transformers / ctranslate2 missing: aiayn alone

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import platform
@@ -18,8 +20,9 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +57,22 @@ def add_common_args(ap) -> None:
     ap.add_argument("--json", help="write the rows as JSON here")
     ap.add_argument("--peers-malloc", action="store_true",
                     help="apply aiayn's allocator setting (aiayn.runtime) to the peers too")
+
+
+def add_decode_args(ap, systems: str) -> None:
+    """The decoding benchmarks' --systems, --workdir and internal --one (one system's run)."""
+    ap.add_argument("--systems", default=systems)
+    ap.add_argument("--workdir", help="where the converted models are kept (default: a temporary dir)")
+    ap.add_argument("--one", nargs=3, metavar=("ROOT", "SYSTEM", "DTYPE"), help=argparse.SUPPRESS)
+
+
+@contextlib.contextmanager
+def model_root(workdir: str | None) -> Iterator[Path]:
+    """The converted models' folder: ``--workdir``, or a temporary one removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="aiayn-bench-") as tmp:
+        root = Path(workdir or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        yield root
 
 
 def apply_common_args(args) -> int:

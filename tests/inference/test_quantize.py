@@ -100,8 +100,9 @@ def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
     assert not any(isinstance(m, nn.Linear) for m in q.modules())
     assert sum(isinstance(m, nn.Linear) for m in model.modules()) == 2 * 6 + 2 * 10
     n_int8 = sum(isinstance(m, Q.Int8Linear) for m in q.modules())
-    # per layer: 4 (+ 4 cross) attention projections, 1 fused self-attention QKV, 2 FFN
-    assert n_int8 == 2 * (4 + 1 + 2) + 2 * (8 + 1 + 2)
+    # per layer: the fused self-attention QKV and W_O (+ 4 cross-attention projections), 2 FFN;
+    # the separate W_Q, W_K, W_V of the self-attention are not kept beside the fused one
+    assert n_int8 == 2 * (2 + 2) + 2 * (2 + 4 + 2)
     assert isinstance(prepared.step_projection, Q.Int8Linear)  # the output projection
     _assert_int8_log_prob_error(out, ref)
     assert not torch.equal(out, ref)

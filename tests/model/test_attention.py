@@ -58,6 +58,21 @@ def test_bf16_cpu_uses_explicit_path_with_same_result() -> None:
     assert torch.allclose(causal.float(), causal_ref, atol=3e-2)
 
 
+def test_bf16_cpu_decoding_step_skips_the_flash_kernel(monkeypatch) -> None:
+    """A decoding step's single query row in bf16 on a CPU takes the explicit formula too
+    (the flash kernel was slower there, docs/benchmarks.md), with the fp32 numbers."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(6, 4, 1, 8), torch.randn(6, 4, 9, 8), torch.randn(6, 4, 9, 8)
+    ref, _ = scaled_dot_product_attention(q, k, v)
+
+    def flash(*args, **kwargs):
+        raise AssertionError("the fused kernel was called")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", flash)
+    out, _ = scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    assert torch.allclose(out.float(), ref, atol=3e-2)
+
+
 def test_d_k_different_from_d_v() -> None:
     """Table 3 row (B): W_Q, W_K project to h*d_k, W_V to h*d_v, W_O from h*d_v; the fused
     kernel and the explicit formula agree, and scores are scaled by sqrt(d_k)."""

@@ -125,6 +125,8 @@ def prepare_for_inference(model: Transformer, device: str | torch.device | None 
             lins = (attn.w_q, attn.w_k, attn.w_v)
             weight, bias = torch.cat([lin.weight for lin in lins]), torch.cat([lin.bias for lin in lins])
             layer.self_attn = FusedQKVAttention(attn, Int8Linear(weight, bias) if int8 else FixedLinear(weight, bias))
+            if int8:  # W_Q, W_K, W_V now live in the fused layer alone: not quantized twice
+                del layer.self_attn.w_q, layer.self_attn.w_k, layer.self_attn.w_v
         if int8:  # the embeddings stay float: they are looked up (and a tied projection is one)
             replace_linears(copied.encoder_layers)
             replace_linears(copied.decoder_layers)

@@ -45,10 +45,9 @@ def scaled_dot_product_attention(
 
 
 def _explicit_is_faster(q: Tensor) -> bool:
-    # A decoding step's few queries (1 per row; a beam's K over shared cross-attention keys)
-    # are the fused kernel's good case on the CPU too: no score matrix, no copies of the
-    # cache's strided keys (2-3x faster than the two matmuls, docs/benchmarks.md).
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16) and q.size(-2) > 16
+    # Decoding steps included (one query per row; a beam's K over shared cross-attention
+    # keys): the CPU flash kernel was slower there too in bf16 (docs/benchmarks.md).
+    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 
 class MultiHeadAttention(nn.Module):
