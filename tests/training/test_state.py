@@ -60,11 +60,22 @@ def test_nonfinite_counts():
 
 
 def test_reshard_position_keeps_the_batches_seen():
-    assert reshard_position({"epoch": 2, "offset": 5}, 1, 1, 40) == {"epoch": 2, "offset": 5}
-    assert reshard_position({"epoch": 2, "offset": 5}, None, 1, 40) == {"epoch": 2, "offset": 5}
-    assert reshard_position({"epoch": 2, "offset": 5}, 2, 1, 40) == {"epoch": 2, "offset": 10}
-    assert reshard_position({"epoch": 2, "offset": 5}, 1, 2, 40) == {"epoch": 2, "offset": 2}
-    assert reshard_position({"epoch": 2, "offset": 30}, 4, 1, 40) == {"epoch": 2, "offset": 40}
+    def count() -> int:
+        return 40
+
+    assert reshard_position({"epoch": 2, "offset": 5}, 1, 1, count) == {"epoch": 2, "offset": 5}
+    assert reshard_position({"epoch": 2, "offset": 5}, None, 1, count) == {"epoch": 2, "offset": 5}
+    assert reshard_position({"epoch": 2, "offset": 5}, 2, 1, count) == {"epoch": 2, "offset": 10}
+    assert reshard_position({"epoch": 2, "offset": 5}, 1, 2, count) == {"epoch": 2, "offset": 2}
+    assert reshard_position({"epoch": 2, "offset": 30}, 4, 1, count) == {"epoch": 2, "offset": 40}
+
+
+def test_reshard_position_counts_batches_only_when_resharding():
+    """With subword sampling the count segments a whole epoch: a same-size resume skips it."""
+    def never() -> int:
+        raise AssertionError("counted the batches")
+
+    assert reshard_position({"epoch": 3, "offset": 7}, 2, 2, never) == {"epoch": 3, "offset": 7}
 
 
 def _trainer(cfg, run_dir, task):

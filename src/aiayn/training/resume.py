@@ -32,7 +32,7 @@ def restore(path: str | Path, *, model: nn.Module, model_cfg: ModelConfig, optim
     if state.scaler and scaler.is_enabled():
         scaler.load_state_dict(state.scaler)
     if batches is not None and state.data is not None:
-        batches.load_state_dict(reshard_position(state.data, state.world_size, dist.world_size, len(batches)))
+        batches.load_state_dict(reshard_position(state.data, state.world_size, dist.world_size, lambda: len(batches)))
     # Last: building the model and optimizer consumed random numbers.
     ckpt_io.restore_rng_state(_rng_of_this_rank(state, dist, path), device)
     log.info("resumed from %s at step %d (epoch %s)", path, state.step, state.epoch)

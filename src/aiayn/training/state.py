@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,15 +84,18 @@ def _from_json(cls: type, data: dict[str, Any]) -> Any:
     return cls(**values)
 
 
-def reshard_position(data: dict[str, int], saved_world: int | None, world: int, n_batches: int) -> dict[str, int]:
+def reshard_position(data: dict[str, int], saved_world: int | None, world: int,
+                     n_batches: Callable[[], int]) -> dict[str, int]:
     """The iterator position ``data`` saved by ``saved_world`` processes, for ``world`` of them.
 
     The offset counts this shard's batches: a different number of processes keeps the number
-    of batches of the epoch already seen (approximately: shards differ), not the offset.
+    of batches of the epoch already seen (approximately: shards differ), not the offset, at
+    most ``n_batches()``. That count is asked for only then: with subword sampling it means
+    segmenting an epoch.
     """
     data = dict(data)
     saved_world = int(saved_world or 1)
     if saved_world != world:
         seen = int(data["offset"]) * saved_world
-        data["offset"] = min(seen // world, n_batches)
+        data["offset"] = min(seen // world, n_batches())
     return data
