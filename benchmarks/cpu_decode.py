@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -89,13 +90,18 @@ def run_hf(root: Path, runs: int) -> tuple[list[float], list[list[int]]]:
     return seconds, out
 
 
-def run_ct2(root: Path, quant: str, runs: int) -> tuple[list[float], list[list[int]]]:
+def ct2_translator(root: Path, quant: str) -> tuple[Any, dict[int, str]]:
+    """The converted model's CTranslate2 translator (2 threads) and its id -> piece map."""
     import ctranslate2
 
     translator = ctranslate2.Translator(str(root / f"ct2-{quant}"), device="cpu", inter_threads=1,
                                         intra_threads=W.THREADS)
     vocab = json.loads((root / "hf" / "vocab.json").read_text())
-    pieces = {i: p for p, i in vocab.items()}
+    return translator, {i: p for p, i in vocab.items()}
+
+
+def run_ct2(root: Path, quant: str, runs: int) -> tuple[list[float], list[list[int]]]:
+    translator, pieces = ct2_translator(root, quant)
     batch = [[pieces[i] for i in row] for row in W.decode_sources().tolist()]
     out: list = []
 

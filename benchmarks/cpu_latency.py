@@ -79,12 +79,7 @@ def aiayn_decoder(root: Path, dtype: str) -> Decode:
 
 
 def ct2_decoder(root: Path, quant: str) -> Decode:
-    import ctranslate2
-
-    translator = ctranslate2.Translator(str(root / f"ct2-{quant}"), device="cpu", inter_threads=1,
-                                        intra_threads=W.THREADS)
-    vocab = json.loads((root / "hf" / "vocab.json").read_text())
-    pieces = {i: p for p, i in vocab.items()}
+    translator, pieces = cpu_decode.ct2_translator(root, quant)
 
     def decode(batch: list[list[int]], new: int) -> None:
         translator.translate_batch([[pieces[i] for i in s] for s in batch], beam_size=W.BEAM,
@@ -108,7 +103,7 @@ def latency(decode: Decode, sents: list[tuple[list[int], int]]) -> dict:
 
 
 def throughput(decode: Decode, sents: list[tuple[list[int], int]], batch: int, runs: int) -> float:
-    """Generated tokens/s over the sweep's sentences in batches of ``batch`` (median of runs)."""
+    """Generated tokens/s over ``sents`` in batches of ``batch`` (median of runs)."""
     chunks = [sents[i:i + batch] for i in range(0, len(sents), batch)]
     work = [([s for s, _ in c], max(n for _, n in c)) for c in chunks]
     tokens = sum(len(srcs) * new for srcs, new in work)
@@ -130,7 +125,7 @@ def run_one(root: Path, system: str, dtype: str, runs: int, data_dir: Path) -> d
     row = latency(decode, sents)
     # Batch 1 = the latency pass (one sentence per call); larger batches timed here.
     sweep = {1: row["tokens_per_s"]}
-    sweep.update({b: throughput(decode, sents[:SWEEP_SENTS], b, runs) for b in BATCHES if b > 1})
+    sweep.update({b: throughput(decode, sents, b, runs) for b in BATCHES if b > 1})
     return {**row, "batch_tokens_per_s": sweep, "peak_rss_mb": W.peak_rss_mb()}
 
 
