@@ -167,6 +167,14 @@ def test_int8_translation(tiny_checkpoint, tricky_file, run_cli) -> None:
     assert code == 2 and out == b"" and "Traceback" not in err
 
 
+def test_compiled_translation_equals_the_eager_one(tiny_checkpoint, tricky_file, run_cli) -> None:
+    args = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
+            "--on-invalid-utf8", "replace", "--truncate"]
+    code, out, err = run_cli([*args, "--compile"])
+    assert code == 0, err
+    assert _lines(out) == api_translations(tiny_checkpoint, TRICKY_TEXTS)
+
+
 def _subcommand(parser: argparse.ArgumentParser, *names: str) -> argparse.ArgumentParser:
     for name in names:
         action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -7,6 +7,7 @@ import argparse
 import time
 
 import pytest
+import torch
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
@@ -149,3 +150,35 @@ def test_access_log(keyed_server, server) -> None:
     assert "127.0.0.1" in line
     # The shared server has answered requests (its /health probe at least), none logged.
     assert not any('HTTP/1.1" ' in line for line in server.lines), server.log()
+
+
+def test_compile_is_refused_with_ctranslate2(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--ctranslate2", str(tmp_path), "--compile", "--threads", "1"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("aiayn serve: error: --compile: compiles an aiayn checkpoint's decoding step")
+    assert err.count("\n") == 1
+
+
+def test_compile_compiles_one_sentence_and_a_batch_before_serving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both shape families (a lone source is specialised) are met before the first request."""
+    from aiayn.inference.translator import Translator
+
+    made: dict = {}
+
+    class Recording:
+        def translate(self, texts):
+            made.setdefault("batches", []).append(len(texts))
+            return texts
+
+    def from_checkpoint(path, device, dtype, compile):
+        made.update(path=path, compile=compile)
+        return Recording()
+
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(from_checkpoint))
+    serve._translator(parse("--compile"), torch.device("cpu"))
+    assert made == {"path": "ck", "compile": True, "batches": [1, 2]}
+    made.clear()
+    serve._translator(parse(), torch.device("cpu"))
+    assert made == {"path": "ck", "compile": False}

@@ -90,6 +90,13 @@ def add_device_flags(container: Container) -> None:
     add_threads(container)
 
 
+def add_compile(container: Container) -> None:
+    """``--compile``: decoding steps compiled by ``torch.compile`` (aiayn.inference.compiled)."""
+    container.add_argument("--compile", action="store_true",
+                           help="compile the decoding step with torch.compile: tens of seconds of compiling "
+                                "per shape family first, faster steps after (for servers and large inputs)")
+
+
 def add_threads(container: Container) -> None:
     """``--threads N``; the `aiayn` command applies it (:func:`aiayn.runtime.set_threads`)
     before the subcommand runs, so every compute command honours it the same way."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +19,9 @@ if TYPE_CHECKING:
     import torch
 
     from aiayn.inference.protocol import TranslatorProtocol
+    from aiayn.inference.translator import Translator
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     options.add_device_flags(p)
+    options.add_compile(p)
     p.add_argument("--compute-type", default="default",
                    help="with --ctranslate2: CTranslate2's compute type (default: as exported; int8, "
                         "int8_float32, float32, bfloat16, ...)")
@@ -103,6 +109,8 @@ def _check(args: argparse.Namespace) -> None:
                              f"{'milliseconds' if name == 'batch_window_ms' else 'seconds'}, got {value}")
     if not 0 <= args.port <= 65535:
         raise AiaynError(f"--port: {args.port} is not a port number")
+    if args.compile and args.ctranslate2:
+        raise AiaynError("--compile: compiles an aiayn checkpoint's decoding step; not for --ctranslate2")
 
 
 def api_key(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
@@ -186,7 +194,20 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
                                      compute_type=args.compute_type, threads=max(args.threads, 0))
     from aiayn.inference.translator import Translator
 
-    return Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype, compile=args.compile)
+    if args.compile:
+        _compile_now(translator)
+    return translator
+
+
+def _compile_now(translator: Translator) -> None:
+    """Compile before serving: one sentence and a batch are two shape families (a lone
+    source is specialised); requests meet them compiled. Other families (e.g. another beam
+    size) compile when first asked for."""
+    start = time.perf_counter()
+    for batch in (["Compiling."], ["Compiling.", "Compiling a batch."]):
+        translator.translate(batch)
+    log.info("compiled the decoding step in %.0f s", time.perf_counter() - start)
 
 
 def run(args: argparse.Namespace) -> int:

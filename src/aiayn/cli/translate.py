@@ -89,6 +89,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", default="-", help="output file, or - for stdout (default)")
     options.add_decode_flags(p)
     options.add_device_flags(p)
+    options.add_compile(p)
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
     p.add_argument("--alignment", action="store_true",
@@ -249,7 +250,8 @@ class _Job:
         self.output = _check_output(args)
         # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
         self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
-        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=args.dtype)
+        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=args.dtype,
+                                                     compile=args.compile)
         self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
         self.where = "<stdin>" if args.input == "-" else args.input
         self.stream = _is_stream(args.input)
@@ -286,7 +288,7 @@ class _Job:
         a = self.args
         flags = {"--format": a.format, "--scores": a.scores, "--alignment": a.alignment, "--truncate": a.truncate,
                  "--on-invalid-utf8": a.on_invalid_utf8, "--chunk-size": a.chunk_size, "--dtype": a.dtype,
-                 "--device": self.translator.device.type}
+                 "--compile": a.compile, "--device": self.translator.device.type}
         return {"input": scan.sha256, "--prefix-file": prefix.sha256 if prefix else None,
                 "--checkpoint": streaming.checkpoint_identity(self.checkpoints),
                 **{f"decode.{k}": v for k, v in to_dict(self.cfg).items()}, **flags}

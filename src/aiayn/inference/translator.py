@@ -33,6 +33,7 @@ from aiayn.checkpoint.average import average_weights
 from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import IncrementalDecoder
+from aiayn.inference.compiled import CompiledDecoder
 from aiayn.inference.constraints import Constraint
 from aiayn.inference.prepare import prepare_for_inference
 from aiayn.inference.search import SearchHypothesis, search
@@ -126,11 +127,13 @@ class Translator:
     weights as they are now; ``self.model`` is that copy. With ``dtype="bf16"`` the copy's
     weights are bfloat16 (see ``BF16_MODE``); with ``dtype="int8"`` its linear layers
     are quantized (``aiayn.inference.quantize``, CPU only); log-probabilities are always
-    computed in float32.
+    computed in float32. With ``compile=True`` the decoding steps run a graph compiled by
+    ``torch.compile`` (``aiayn.inference.compiled``): the first batches of each shape family
+    take tens of seconds to compile, later ones run faster (docs/benchmarks.md).
     """
 
     def __init__(self, model: Transformer, tokenizer: Any, config: Config | DecodeConfig | None = None,
-                 device: str | torch.device = "cpu", dtype: str = "fp32") -> None:
+                 device: str | torch.device = "cpu", dtype: str = "fp32", compile: bool = False) -> None:
         if config is None:
             config = Config()
         elif isinstance(config, DecodeConfig):
@@ -146,14 +149,14 @@ class Translator:
         self.parameters = count_parameters(model)
         prepared = prepare_for_inference(model.to(self.device).eval(), dtype=weights)
         self.model = prepared.model
-        self.decoder = IncrementalDecoder(prepared, autocast=autocast)
+        self.decoder = (CompiledDecoder if compile else IncrementalDecoder)(prepared, autocast=autocast)
         self.max_src_len: int | None = getattr(model.src_positions, "max_positions", None)
 
     # --------------------------------------------------------------- construction
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "cpu",
-                        dtype: str = "fp32") -> Translator:
+                        dtype: str = "fp32", compile: bool = False) -> Translator:
         """Load a checkpoint: its model, tokenizer and decoding defaults.
 
         Args:
@@ -163,6 +166,7 @@ class Translator:
                 the same model configuration.
             device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (a GPU if there is one).
             dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
+            compile: Run the decoding steps compiled (``torch.compile``; see the class).
 
         Returns:
             The translator, its model in eval mode on ``device``.
@@ -187,7 +191,7 @@ class Translator:
         if len(paths) > 1:
             _load_average(loaded.model, paths)
         log.info("loaded %s (%s)", ", ".join(str(p) for p in paths), loaded.tokenizer)
-        return cls(loaded.model, loaded.tokenizer, loaded.config, device=device, dtype=dtype)
+        return cls(loaded.model, loaded.tokenizer, loaded.config, device=device, dtype=dtype, compile=compile)
 
     # ----------------------------------------------------------------- decoding
 

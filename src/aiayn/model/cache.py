@@ -129,7 +129,10 @@ class KVCache:
         its first rows; a new one when the batch grows). Returns (new buffer, new spare)."""
         rows = index.numel()
         if spare is None or spare.size(0) < rows:
-            spare = torch.empty((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)
+            # zeros, not empty: past the prefix a buffer then only ever holds finite values,
+            # which a step that attends over every position with the unfilled ones masked
+            # needs (a masked weight is 0, and 0 x NaN garbage would be NaN).
+            spare = torch.zeros((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)
         target = spare[:rows]  # a view of the first rows: contiguous, reused in place
         # Only the filled prefix is worth copying; later positions get overwritten.
         torch.index_select(buf[:, :, :n], 0, index, out=target[:, :, :n])

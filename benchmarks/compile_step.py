@@ -1,0 +1,165 @@
+"""One decoding step, eager against `torch.compile` with a static key/value cache.
+
+The issue's first candidate for decoding speed: a preallocated cache of fixed length
+``--max-len`` that the step writes at a position given as a tensor, attention over all
+positions with the unfilled ones masked (static shapes: no recompilation as the cache
+grows), and the whole step (embedding, 6 decoder layers, vocabulary projection) compiled
+by inductor with weight freezing (constant weights; oneDNN-packed where inductor packs).
+
+Rows: the shipped eager step (`IncrementalDecoder.step`, growing cache), the static step
+run eagerly, and compiled: static shapes (one compilation per row count) or dynamic
+(one for all row counts). Per step, median of 20 after 2 warm-ups, milliseconds; the
+compile time; the largest logit difference against the static eager step; the process's
+resident memory after compiling against before. Model: cpu_decode.py's base model.
+Each (dtype, mode) runs in its own process.
+
+    python benchmarks/compile_step.py --workdir DIR [--rows 4 256] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_decode  # noqa: E402
+import workloads as W  # noqa: E402
+
+DTYPES, MODES = ("fp32", "bf16", "int8"), ("static", "dynamic")
+
+
+def rss_mb() -> float:
+    for line in open("/proc/self/status", encoding="ascii"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def static_step(dec, max_len: int):
+    """The decoder step over a fixed-length cache: (tokens, pos, caches, src_mask) -> logits."""
+    model, project = dec.model, dec.project
+    dtype = model.tgt_embed.weight.dtype
+    table = model.tgt_positions.table[:max_len]
+
+    def step(tokens, pos, ks, vs, cks, cvs, src_mask):
+        y = model.tgt_embed(tokens[:, None]) + table.index_select(0, pos.view(1)).to(dtype)
+        rows = y.size(0)
+        group = rows // cks[0].size(0)
+        filled = torch.arange(max_len) <= pos  # (max_len,)
+        for i, layer in enumerate(model.decoder_layers):
+            def self_attn(h, i=i, attn=layer.self_attn):
+                q, k, v = attn.project_qkv(h)  # (R, H, 1, d)
+                ks[i].index_copy_(2, pos.view(1), k)
+                vs[i].index_copy_(2, pos.view(1), v)
+                scores = torch.matmul(q, ks[i].transpose(-2, -1)) / math.sqrt(q.size(-1))
+                probs = torch.softmax(scores.masked_fill(~filled, float("-inf")).float(), -1)
+                out = torch.matmul(probs.to(q.dtype), vs[i])  # (R, H, 1, d_v)
+                return attn.w_o(out.transpose(1, 2).reshape(rows, 1, -1))
+
+            def cross(h, i=i, attn=layer.cross_attn):
+                return attn.attend(h.view(rows // group, group, -1), cks[i], cvs[i], mask=src_mask)[0].view(rows, 1, -1)
+
+            y = layer.residual(y, layer.self_attn_norm, self_attn)
+            y = layer.residual(y, layer.cross_attn_norm, cross)
+            y = layer.residual(y, layer.ffn_norm, layer.ffn)
+        return project(y[:, 0])
+
+    return step
+
+
+def median_ms(fn, n: int = 20) -> float:
+    fn()
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def run_one(root: Path, dtype: str, mode: str, rows: list[int], max_len: int) -> dict:
+    from aiayn.inference.translator import Translator
+
+    W.setup_process("aiayn")
+    torch._inductor.config.freezing = True
+    dec = Translator.from_checkpoint(root / "aiayn", dtype=dtype).decoder
+    step = static_step(dec, max_len)
+    compiled = torch.compile(step, dynamic=mode == "dynamic")
+    out: dict = {"dtype": dtype, "mode": mode, "rows": {}}
+    with torch.inference_mode():
+        for r in rows:
+            group = 4 if r >= 4 else 1
+            filled = max_len // 2
+            src = W.decode_sources()[:r // group]
+            state = dec.init_state(src, max_len)
+            dec.reorder(state, torch.arange(src.size(0)).repeat_interleave(group))
+            tokens = torch.full((r,), 5)
+            for _ in range(filled):
+                dec.step(tokens, state)
+
+            def shipped() -> None:
+                dec.step(tokens, state)
+                state.length -= 1  # the same position again
+
+            ks = [c.self_k[:, :, :max_len].clone() for c in state.layers]
+            vs = [c.self_v[:, :, :max_len].clone() for c in state.layers]
+            for buf in ks + vs:
+                buf[:, :, filled:] = 0  # finite: masked positions still meet 0 x value
+            args = (tokens, torch.tensor(filled), ks, vs, [c.cross_k for c in state.layers],
+                    [c.cross_v for c in state.layers], state.src_mask)
+            before, t0 = rss_mb(), time.perf_counter()
+            compiled(*args)
+            compile_s, grown = time.perf_counter() - t0, rss_mb() - before
+            diff = (step(*args).float() - compiled(*args).float()).abs().max().item()
+            out["rows"][r] = {"shipped_ms": median_ms(shipped), "static_eager_ms": median_ms(lambda: step(*args)),
+                              "compiled_ms": median_ms(lambda: compiled(*args)), "compile_s": compile_s,
+                              "rss_growth_mb": grown, "max_logit_diff": diff}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", help="where the converted models are kept (default: a temporary dir)")
+    ap.add_argument("--rows", type=int, nargs="+", default=[4, 256], help="decoder rows (beam x sentences)")
+    ap.add_argument("--max-len", type=int, default=48, help="the static cache's positions (half filled)")
+    ap.add_argument("--json", help="write the rows as JSON here")
+    ap.add_argument("--one", nargs=3, metavar=("ROOT", "DTYPE", "MODE"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print(json.dumps(run_one(Path(args.one[0]), args.one[1], args.one[2], args.rows, args.max_len)))
+        return
+    print(W.machine())
+    results = []
+    with W.model_root(args.workdir) as root:
+        cpu_decode.build_models(root)
+        for dtype in DTYPES:
+            for mode in MODES:
+                res = W.run_isolated(__file__, ["--one", str(root), dtype, mode, "--rows", *map(str, args.rows),
+                                                "--max-len", str(args.max_len)])
+                results.append(res)
+                print_rows(dtype, mode, res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def print_rows(dtype: str, mode: str, res: dict) -> None:
+    if "skipped" in res:
+        print(f"{dtype:<6}{mode:<9} failed: {res['skipped']}")
+        return
+    for r, m in res["rows"].items():
+        print(f"{dtype:<6}{mode:<9}rows {r:>4}: shipped {m['shipped_ms']:7.2f} ms, static eager "
+              f"{m['static_eager_ms']:7.2f}, compiled {m['compiled_ms']:7.2f} "
+              f"({m['compiled_ms'] / m['shipped_ms']:.2f}x shipped); compile {m['compile_s']:5.1f} s, "
+              f"RSS +{m['rss_growth_mb']:.0f} MB, max |logit diff| {m['max_logit_diff']:.2g}")
+
+
+if __name__ == "__main__":
+    main()

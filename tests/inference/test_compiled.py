@@ -1,0 +1,110 @@
+"""The compiled decoding step (aiayn.inference.compiled) against the eager one.
+
+One compiled decoder per module (compiling costs seconds even for a tiny model); the eager
+:class:`IncrementalDecoder` of the same prepared model is the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.config import DecodeConfig, ModelConfig
+from aiayn.inference.adapters import IncrementalDecoder
+from aiayn.inference.compiled import CompiledDecoder
+from aiayn.inference.prepare import prepare_for_inference
+from aiayn.inference.search import search
+from aiayn.model import KVCache, build_model
+
+VOCAB = 40
+
+
+@pytest.fixture(scope="module")
+def decoders() -> tuple[IncrementalDecoder, CompiledDecoder]:
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4,
+                      n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
+    prepared = prepare_for_inference(build_model(cfg).eval())
+    return IncrementalDecoder(prepared), CompiledDecoder(prepared)
+
+
+def _sources() -> torch.Tensor:
+    """Three sources of different lengths (padded with 0), ending in EOS (3)."""
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, VOCAB, (3, 9), generator=g)
+    src[0, 5:], src[1, 8:] = 0, 0
+    src[0, 4], src[1, 7], src[2, 8] = 3, 3, 3
+    return src
+
+
+def test_steps_match_the_eager_decoder_through_reorders(decoders):
+    """Logits at every step equal the eager step's, while the rows are regrouped (beam
+    expansion), shuffled within their sentences and dropped (a sentence finishing)."""
+    eager, compiled = decoders
+    src = _sources()
+    states = [d.init_state(src, 12) for d in decoders]
+    tokens = torch.full((3,), 2)  # BOS
+    reorders = [torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([1, 0, 3, 3, 4, 5]),
+                torch.tensor([2, 3, 4, 5]), torch.tensor([1, 1, 2, 3]), torch.tensor([0, 1])]
+    with torch.inference_mode():
+        for step, index in enumerate([*reorders, None]):
+            (want, _), (got, _) = (d.step(tokens, s) for d, s in zip(decoders, states))
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+            if index is not None:
+                states = [d.reorder(s, index) for d, s in zip(decoders, states)]
+                tokens = want.argmax(-1).index_select(0, index)
+    assert states[1].length == len(reorders) + 1
+
+
+def test_beam_search_outputs_equal_the_eager_ones(decoders):
+    eager, compiled = decoders
+    cfg = DecodeConfig(beam=3, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=3)
+    with torch.inference_mode():
+        want, got = search(eager, _sources(), cfg), search(compiled, _sources(), cfg)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    for s_got, s_want in zip(got, want):
+        assert [h.score for h in s_got] == pytest.approx([h.score for h in s_want], abs=1e-4)
+
+
+def test_steps_that_return_attention_run_the_eager_step(decoders):
+    eager, compiled = decoders
+    states = [d.init_state(_sources(), 6) for d in decoders]
+    tokens = torch.full((3,), 2)
+    with torch.inference_mode():
+        for _ in range(3):
+            (want, w_attn), (got, g_attn) = (d.step(tokens, s, need_attn=True) for d, s in zip(decoders, states))
+            assert g_attn is not None
+            torch.testing.assert_close(g_attn, w_attn)
+            torch.testing.assert_close(got, want)
+            tokens = want.argmax(-1)
+
+
+def test_a_full_cache_is_an_error_not_a_silent_overwrite(decoders):
+    _, compiled = decoders
+    state = compiled.init_state(_sources(), 2)
+    tokens = torch.full((3,), 2)
+    with torch.inference_mode():
+        compiled.step(tokens, state)
+        compiled.step(tokens, state)
+        with pytest.raises(RuntimeError, match="KV cache full: max_len=2"):
+            compiled.step(tokens, state)
+
+
+def test_a_model_in_training_mode_is_refused():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, d_ff=32,
+                                    n_heads=2, n_encoder_layers=1, n_decoder_layers=1))
+    with pytest.raises(ValueError, match="eval mode"):
+        CompiledDecoder(model)
+
+
+def test_a_grown_cache_buffer_is_zero_past_the_copied_prefix():
+    """The compiled step attends over every position, masking the unfilled ones; their
+    values must be finite (0 x NaN is NaN), so buffers made by a reorder start as zeros
+    even where the allocator hands back memory full of NaN."""
+    junk = torch.full((6, 2, 8, 4), float("nan"))
+    del junk
+    buf = torch.randn(3, 2, 8, 4)
+    new, _ = KVCache._gather(buf, None, torch.tensor([0, 0, 1, 1, 2, 2]), 3)
+    torch.testing.assert_close(new[:, :, :3], buf.index_select(0, torch.tensor([0, 0, 1, 1, 2, 2]))[:, :, :3])
+    assert bool((new[:, :, 3:] == 0).all())
