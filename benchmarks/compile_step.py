@@ -1,10 +1,11 @@
 """One decoding step, eager against `torch.compile` with a static key/value cache.
 
-The issue's first candidate for decoding speed: a preallocated cache of fixed length
-``--max-len`` that the step writes at a position given as a tensor, attention over all
-positions with the unfilled ones masked (static shapes: no recompilation as the cache
-grows), and the whole step (embedding, 6 decoder layers, vocabulary projection) compiled
-by inductor with weight freezing (constant weights; oneDNN-packed where inductor packs).
+The issue's first candidate for decoding speed: `aiayn.inference.compiled.static_step`,
+the step over a preallocated cache of fixed length ``--max-len`` that it writes at a
+position given as a tensor, attending over all positions with the unfilled ones masked
+(static shapes: no recompilation as the cache grows); the whole step (embedding, 6
+decoder layers, vocabulary projection) compiled by inductor with weight freezing
+(constant weights; oneDNN-packed where inductor packs).
 
 Rows: the shipped eager step (`IncrementalDecoder.step`, growing cache), the static step
 run eagerly, and compiled: static shapes (one compilation per row count) or dynamic
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -42,38 +42,6 @@ def rss_mb() -> float:
     return 0.0
 
 
-def static_step(dec, max_len: int):
-    """The decoder step over a fixed-length cache: (tokens, pos, caches, src_mask) -> logits."""
-    model, project = dec.model, dec.project
-    dtype = model.tgt_embed.weight.dtype
-    table = model.tgt_positions.table[:max_len]
-
-    def step(tokens, pos, ks, vs, cks, cvs, src_mask):
-        y = model.tgt_embed(tokens[:, None]) + table.index_select(0, pos.view(1)).to(dtype)
-        rows = y.size(0)
-        group = rows // cks[0].size(0)
-        filled = torch.arange(max_len) <= pos  # (max_len,)
-        for i, layer in enumerate(model.decoder_layers):
-            def self_attn(h, i=i, attn=layer.self_attn):
-                q, k, v = attn.project_qkv(h)  # (R, H, 1, d)
-                ks[i].index_copy_(2, pos.view(1), k)
-                vs[i].index_copy_(2, pos.view(1), v)
-                scores = torch.matmul(q, ks[i].transpose(-2, -1)) / math.sqrt(q.size(-1))
-                probs = torch.softmax(scores.masked_fill(~filled, float("-inf")).float(), -1)
-                out = torch.matmul(probs.to(q.dtype), vs[i])  # (R, H, 1, d_v)
-                return attn.w_o(out.transpose(1, 2).reshape(rows, 1, -1))
-
-            def cross(h, i=i, attn=layer.cross_attn):
-                return attn.attend(h.view(rows // group, group, -1), cks[i], cvs[i], mask=src_mask)[0].view(rows, 1, -1)
-
-            y = layer.residual(y, layer.self_attn_norm, self_attn)
-            y = layer.residual(y, layer.cross_attn_norm, cross)
-            y = layer.residual(y, layer.ffn_norm, layer.ffn)
-        return project(y[:, 0])
-
-    return step
-
-
 def median_ms(fn, n: int = 20) -> float:
     fn()
     fn()
@@ -85,44 +53,44 @@ def median_ms(fn, n: int = 20) -> float:
     return statistics.median(times) * 1e3
 
 
+def measure(dec, step, compiled, rows: int, max_len: int) -> dict:
+    """Times at ``rows`` decoder rows (beam 4 groups) with the cache half filled."""
+    group = 4 if rows >= 4 else 1
+    filled = max_len // 2
+    src = W.decode_sources()[:rows // group]
+    state = dec.init_state(src, max_len)
+    dec.reorder(state, torch.arange(src.size(0)).repeat_interleave(group))
+    tokens = torch.full((rows,), 5)
+    for _ in range(filled):
+        dec.step(tokens, state)
+
+    def shipped() -> None:
+        dec.step(tokens, state)
+        state.length -= 1  # the same position again
+
+    layers = state.layers
+    args = (tokens, torch.tensor(filled), [c.self_k for c in layers], [c.self_v for c in layers],
+            [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
+    before, t0 = rss_mb(), time.perf_counter()
+    compiled(*args)
+    compile_s, grown = time.perf_counter() - t0, rss_mb() - before
+    diff = (step(*args).float() - compiled(*args).float()).abs().max().item()
+    return {"shipped_ms": median_ms(shipped), "static_eager_ms": median_ms(lambda: step(*args)),
+            "compiled_ms": median_ms(lambda: compiled(*args)), "compile_s": compile_s,
+            "rss_growth_mb": grown, "max_logit_diff": diff}
+
+
 def run_one(root: Path, dtype: str, mode: str, rows: list[int], max_len: int) -> dict:
+    from aiayn.inference.compiled import static_step
     from aiayn.inference.translator import Translator
 
     W.setup_process("aiayn")
-    torch._inductor.config.freezing = True
+    torch._inductor.config.freezing = True  # this process only measures
     dec = Translator.from_checkpoint(root / "aiayn", dtype=dtype).decoder
-    step = static_step(dec, max_len)
+    step = static_step(dec.model, dec.project)
     compiled = torch.compile(step, dynamic=mode == "dynamic")
-    out: dict = {"dtype": dtype, "mode": mode, "rows": {}}
     with torch.inference_mode():
-        for r in rows:
-            group = 4 if r >= 4 else 1
-            filled = max_len // 2
-            src = W.decode_sources()[:r // group]
-            state = dec.init_state(src, max_len)
-            dec.reorder(state, torch.arange(src.size(0)).repeat_interleave(group))
-            tokens = torch.full((r,), 5)
-            for _ in range(filled):
-                dec.step(tokens, state)
-
-            def shipped() -> None:
-                dec.step(tokens, state)
-                state.length -= 1  # the same position again
-
-            ks = [c.self_k[:, :, :max_len].clone() for c in state.layers]
-            vs = [c.self_v[:, :, :max_len].clone() for c in state.layers]
-            for buf in ks + vs:
-                buf[:, :, filled:] = 0  # finite: masked positions still meet 0 x value
-            args = (tokens, torch.tensor(filled), ks, vs, [c.cross_k for c in state.layers],
-                    [c.cross_v for c in state.layers], state.src_mask)
-            before, t0 = rss_mb(), time.perf_counter()
-            compiled(*args)
-            compile_s, grown = time.perf_counter() - t0, rss_mb() - before
-            diff = (step(*args).float() - compiled(*args).float()).abs().max().item()
-            out["rows"][r] = {"shipped_ms": median_ms(shipped), "static_eager_ms": median_ms(lambda: step(*args)),
-                              "compiled_ms": median_ms(lambda: compiled(*args)), "compile_s": compile_s,
-                              "rss_growth_mb": grown, "max_logit_diff": diff}
-    return out
+        return {"dtype": dtype, "mode": mode, "rows": {r: measure(dec, step, compiled, r, max_len) for r in rows}}
 
 
 def main() -> None:

@@ -150,9 +150,24 @@ class Timing:
         return self.tokens / min(self.seconds) if self.seconds else 0.0
 
 
-def time_runs(fn: Callable[[], None], runs: int, warmup: int = 1) -> list[float]:
+def aiayn_translator(root: Path, dtype: str):
+    """The benchmark model as a Translator; ``dtype`` 'fp32', 'bf16', 'int8', or one of them
+    with '+compile' (the decoding step compiled: aiayn.inference.compiled)."""
+    from aiayn.inference.translator import Translator
+
+    base, _, mode = dtype.partition("+")
+    return Translator.from_checkpoint(root / "aiayn", dtype=base, compile=mode == "compile")
+
+
+def time_runs(fn: Callable[[], None], runs: int, warmup: int = 1,
+              warmup_seconds: list[float] | None = None) -> list[float]:
+    """Seconds of each of ``runs`` calls after ``warmup`` untimed ones (their seconds are
+    appended to ``warmup_seconds`` if given: a compiled path's first call compiles)."""
     for _ in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        if warmup_seconds is not None:
+            warmup_seconds.append(time.perf_counter() - t0)
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()
@@ -189,14 +204,14 @@ def run_isolated(script: str, args: list[str]) -> dict:
 
 def print_table(title: str, rows: list[dict], reference: dict[str, float]) -> None:
     print(f"\n{title}")
-    head = f"{'system':<16}{'dtype':<10}{'median tok/s':>14}{'best tok/s':>12}{'peak RSS MB':>13}"
+    head = f"{'system':<16}{'dtype':<14}{'median tok/s':>14}{'best tok/s':>12}{'peak RSS MB':>13}"
     names = list(reference)
     print(head + "".join(f"{'x ' + n:>18}" for n in names))
     for r in rows:
         if r.get("skipped"):
-            print(f"{r['system']:<16}{r['dtype']:<10}  skipped: {r['skipped']}")
+            print(f"{r['system']:<16}{r['dtype']:<14}  skipped: {r['skipped']}")
             continue
-        line = (f"{r['system']:<16}{r['dtype']:<10}{r['tokens_per_s']:>14.1f}{r['best_tokens_per_s']:>12.1f}"
+        line = (f"{r['system']:<16}{r['dtype']:<14}{r['tokens_per_s']:>14.1f}{r['best_tokens_per_s']:>12.1f}"
                 f"{r['peak_rss_mb']:>13.0f}")
         for n in names:
             line += f"{r['tokens_per_s'] / reference[n]:>18.2f}" if reference[n] else f"{'-':>18}"
@@ -207,13 +222,13 @@ def report_ceiling(ok: dict[tuple[str, str], float], rows: list[dict], flop_per_
                    json_path: str | None) -> None:
     """Print the measured matmul ceilings and aiayn's fraction of them; write the JSON rows."""
     ceilings = {"bf16": matmul_gflops(torch.bfloat16), "fp32": matmul_gflops(torch.float32)}
-    if any(system == "aiayn" and dtype == "int8" for system, dtype in ok):
+    if any(system == "aiayn" and dtype.startswith("int8") for system, dtype in ok):
         ceilings["int8"] = matmul_gflops(torch.int8)
     print("\nmatmul ceiling: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in ceilings.items())
           + "; limit " + ", ".join(f"~{v * 1e9 / flop_per_token:.0f} tok/s ({k})" for k, v in ceilings.items()))
     for (system, dtype), tps in ok.items():
         if system == "aiayn":
-            peak = ceilings.get(dtype, ceilings["fp32"])
+            peak = ceilings.get(dtype.partition("+")[0], ceilings["fp32"])
             print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
     if json_path:
         Path(json_path).write_text(json.dumps({"machine": machine(), "matmul_gflops": ceilings,
