@@ -228,8 +228,9 @@ def report_ceiling(ok: dict[tuple[str, str], float], rows: list[dict], flop_per_
           + "; limit " + ", ".join(f"~{v * 1e9 / flop_per_token:.0f} tok/s ({k})" for k, v in ceilings.items()))
     for (system, dtype), tps in ok.items():
         if system == "aiayn":
-            peak = ceilings.get(dtype.partition("+")[0], ceilings["fp32"])
-            print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {dtype} matmul limit")
+            base = dtype.partition("+")[0]  # e.g. bf16+compile: bf16's limit
+            peak = ceilings.get(base, ceilings["fp32"])
+            print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {base} matmul limit")
     if json_path:
         Path(json_path).write_text(json.dumps({"machine": machine(), "matmul_gflops": ceilings,
                                                "rows": rows}, indent=2))

@@ -36,6 +36,12 @@ from aiayn.model.layers import DecoderLayer
 
 StaticStep = Callable[..., Tensor]
 
+# Asking for the attention weights selects the explicit softmax(QK^T/sqrt(d))V in every
+# dtype (the weights themselves are dropped, so inductor never computes them beyond the
+# softmax it fuses): the CPU's fused SDPA kernel is slow for a step's one query per row
+# (docs/benchmarks.md), and inductor keeps it as an opaque call.
+EXPLICIT = True
+
 
 def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
     """``step(tokens (R,), pos (), self_k, self_v, cross_k, cross_v, src_mask) -> logits (R, V)``:
@@ -67,11 +73,12 @@ def _layer_step(layer: DecoderLayer, y: Tensor, pos: Tensor, filled: Tensor, k_b
         q, k, v = layer.self_attn.project_qkv(h)  # (R, H, 1, d)
         k_buf.index_copy_(2, pos.view(1), k)
         v_buf.index_copy_(2, pos.view(1), v)
-        return layer.self_attn.attend_heads(q, k_buf, v_buf, mask=filled)[0]
+        return layer.self_attn.attend_heads(q, k_buf, v_buf, mask=filled, need_weights=EXPLICIT)[0]
 
     def cross(h: Tensor) -> Tensor:
         # A source group's rows are its queries over its one copy of the keys (KVCache.group_size).
-        out, _ = layer.cross_attn.attend(h.view(groups, rows // groups, -1), cross_k, cross_v, mask=src_mask)
+        out, _ = layer.cross_attn.attend(h.view(groups, rows // groups, -1), cross_k, cross_v, mask=src_mask,
+                                         need_weights=EXPLICIT)
         return out.view(rows, 1, -1)
 
     y = layer.residual(y, layer.self_attn_norm, self_attn)
