@@ -108,3 +108,27 @@ def test_a_grown_cache_buffer_is_zero_past_the_copied_prefix():
     new, _ = KVCache._gather(buf, None, torch.tensor([0, 0, 1, 1, 2, 2]), 3)
     torch.testing.assert_close(new[:, :, :3], buf.index_select(0, torch.tensor([0, 0, 1, 1, 2, 2]))[:, :, :3])
     assert bool((new[:, :, 3:] == 0).all())
+
+
+def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCaptureFixture):
+    """A machine where inductor cannot compile (no C++ compiler, say): a warning, the same
+    outputs as the eager decoder, and no second attempt."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, d_ff=32, n_heads=2,
+                      n_encoder_layers=1, n_decoder_layers=1)
+    prepared = prepare_for_inference(build_model(cfg).eval())
+    failing = CompiledDecoder(prepared)
+    calls = []
+
+    def broken(*args):
+        calls.append(1)
+        raise RuntimeError("InductorError: no C++ compiler found\nmore detail")
+
+    failing.compiled = broken
+    decode = DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3)
+    with torch.inference_mode():
+        got = search(failing, _sources(), decode)
+        want = search(IncrementalDecoder(prepared), _sources(), decode)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    assert calls == [1] and failing.compiled is None
+    assert "compiled decoding is unavailable (RuntimeError: InductorError: no C++ compiler found)" in caplog.text

@@ -24,6 +24,7 @@ per sentence: a shape family of its own), run the eager step.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -35,6 +36,7 @@ from aiayn.model import KVCache, Transformer
 from aiayn.model.layers import DecoderLayer
 
 StaticStep = Callable[..., Tensor]
+log = logging.getLogger(__name__)
 
 # Asking for the attention weights selects the explicit softmax(QK^T/sqrt(d))V in every
 # dtype (the weights themselves are dropped, so inductor never computes them beyond the
@@ -98,19 +100,26 @@ class CompiledDecoder(IncrementalDecoder):
         super().__init__(model, autocast)
         if self.model.training:
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")
-        self.compiled = torch.compile(static_step(self.model, self.project), dynamic=True)
+        self.compiled: StaticStep | None = torch.compile(static_step(self.model, self.project), dynamic=True)
 
     def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
-        if need_attn or state.length == 0:
+        if need_attn or state.length == 0 or self.compiled is None:
             return super().step(tokens, state, need_attn)
         if state.length >= state.max_len:
             raise RuntimeError(f"KV cache full: max_len={state.max_len} steps")
         layers = state.layers
         # Freezing is read when a graph compiles, i.e. inside a call; patched for the call
         # alone (torch.compile's options= does not reach it), never set globally.
-        with self._precision(tokens.device), torch._inductor.config.patch(freezing=True):
-            logits = self.compiled(tokens, torch.tensor(state.length, device=tokens.device),
-                                   [c.self_k for c in layers], [c.self_v for c in layers],
-                                   [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
+        try:
+            with self._precision(tokens.device), torch._inductor.config.patch(freezing=True):
+                logits = self.compiled(tokens, torch.tensor(state.length, device=tokens.device),
+                                       [c.self_k for c in layers], [c.self_v for c in layers],
+                                       [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
+        except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this machine
+            # Compiling fails before the graph runs (the cache is untouched): decode eagerly.
+            log.warning("compiled decoding is unavailable (%s: %s); decoding eagerly",
+                        type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            self.compiled = None
+            return super().step(tokens, state, need_attn)
         state.advance()
         return logits, None
