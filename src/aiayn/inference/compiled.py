@@ -116,9 +116,9 @@ class CompiledDecoder(IncrementalDecoder):
                                        [c.self_k for c in layers], [c.self_v for c in layers],
                                        [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
         except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this machine
-            # Compiling fails before the graph runs (the cache is untouched): decode eagerly.
-            log.warning("compiled decoding is unavailable (%s: %s); decoding eagerly",
-                        type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+            # At most this step's position was written, and the eager step rewrites it.
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            log.warning("compiled decoding is unavailable (%s: %s); decoding eagerly", type(exc).__name__, first_line)
             self.compiled = None
             return super().step(tokens, state, need_attn)
         state.advance()
