@@ -6,6 +6,8 @@ One compiled decoder per module (compiling costs seconds even for a tiny model);
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -54,6 +56,16 @@ def test_steps_match_the_eager_decoder_through_reorders(decoders):
                 states = [d.reorder(s, index) for d, s in zip(decoders, states)]
                 tokens = want.argmax(-1).index_select(0, index)
     assert states[1].length == len(reorders) + 1
+    _assert_compiled(compiled)
+
+
+def _assert_compiled(decoder: CompiledDecoder) -> None:
+    """The compiled graph ran: no silent fallback to the eager step (which would make the
+    comparisons above compare eager with eager), wherever inductor has a C++ compiler."""
+    if decoder.compiled is None:
+        if not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
+            pytest.skip("platform: no C++ compiler for inductor; compiled decoding fell back to eager")
+        pytest.fail("compiled decoding fell back to the eager step on a machine with a C++ compiler")
 
 
 def test_beam_search_outputs_equal_the_eager_ones(decoders):
@@ -64,6 +76,7 @@ def test_beam_search_outputs_equal_the_eager_ones(decoders):
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     for s_got, s_want in zip(got, want):
         assert [h.score for h in s_got] == pytest.approx([h.score for h in s_want], abs=1e-4)
+    _assert_compiled(compiled)
 
 
 def test_steps_that_return_attention_run_the_eager_step(decoders):
