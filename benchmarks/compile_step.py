@@ -35,22 +35,8 @@ import workloads as W  # noqa: E402
 DTYPES, MODES = ("fp32", "bf16", "int8"), ("static", "dynamic")
 
 
-def rss_mb() -> float:
-    for line in open("/proc/self/status", encoding="ascii"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def median_ms(fn, n: int = 20) -> float:
-    fn()
-    fn()
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return statistics.median(W.time_runs(fn, n, warmup=2)) * 1e3
 
 
 def measure(dec, step, compiled, rows: int, max_len: int) -> dict:
@@ -71,9 +57,9 @@ def measure(dec, step, compiled, rows: int, max_len: int) -> dict:
     layers = state.layers
     args = (tokens, torch.tensor(filled), [c.self_k for c in layers], [c.self_v for c in layers],
             [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
-    before, t0 = rss_mb(), time.perf_counter()
+    before, t0 = W.rss_mb(), time.perf_counter()
     compiled(*args)
-    compile_s, grown = time.perf_counter() - t0, rss_mb() - before
+    compile_s, grown = time.perf_counter() - t0, W.rss_mb() - before
     diff = (step(*args).float() - compiled(*args).float()).abs().max().item()
     return {"shipped_ms": median_ms(shipped), "static_eager_ms": median_ms(lambda: step(*args)),
             "compiled_ms": median_ms(lambda: compiled(*args)), "compile_s": compile_s,

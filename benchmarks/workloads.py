@@ -101,19 +101,30 @@ def decode_sources(seed: int = SEED) -> torch.Tensor:
     return src
 
 
+def _proc_status_mb(field: str) -> float | None:
+    """A memory field of /proc/self/status (``VmHWM``, ``VmRSS``) in MB; None where absent."""
+    try:
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far, in MB.
 
     From /proc/self/status (VmHWM): ``getrusage``'s ru_maxrss survives ``execve`` on Linux,
     so a system measured in a child of the benchmark process would report the parent's
     peak (the model conversion's) whenever its own is lower."""
-    try:
-        for line in open("/proc/self/status", encoding="ascii"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _proc_status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_mb() -> float:
+    """Resident set size now, in MB (0 where /proc is missing)."""
+    return _proc_status_mb("VmRSS") or 0.0
 
 
 def machine() -> str:
