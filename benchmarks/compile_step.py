@@ -55,7 +55,8 @@ def measure(dec, step, compiled, rows: int, max_len: int) -> dict:
         state.length -= 1  # the same position again
 
     layers = state.layers
-    args = (tokens, torch.tensor(filled), [c.self_k for c in layers], [c.self_v for c in layers],
+    lineage = torch.arange(rows).repeat(max_len, 1)  # every hypothesis in its own row
+    args = (tokens, torch.tensor(filled), lineage, [c.self_k for c in layers], [c.self_v for c in layers],
             [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
     before, t0 = W.rss_mb(), time.perf_counter()
     compiled(*args)

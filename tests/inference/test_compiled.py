@@ -13,7 +13,7 @@ import torch
 
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.inference.adapters import IncrementalDecoder
-from aiayn.inference.compiled import CompiledDecoder
+from aiayn.inference.compiled import CompiledDecoder, IndexedKVCache
 from aiayn.inference.prepare import prepare_for_inference
 from aiayn.inference.search import search
 from aiayn.model import KVCache, build_model
@@ -121,6 +121,38 @@ def test_a_grown_cache_buffer_is_zero_past_the_copied_prefix():
     new, _ = KVCache._gather(buf, None, torch.tensor([0, 0, 1, 1, 2, 2]), 3)
     torch.testing.assert_close(new[:, :, :3], buf.index_select(0, torch.tensor([0, 0, 1, 1, 2, 2]))[:, :, :3])
     assert bool((new[:, :, 3:] == 0).all())
+
+
+def test_an_indexed_cache_reads_what_a_reordered_cache_holds():
+    """Through beam expansion, moves within sentences and dropped sentences, reading the
+    buffers through ``rows`` (as the compiled step does) and materializing them both give
+    the prefix that :class:`KVCache`'s copying reorder holds."""
+    g = torch.Generator().manual_seed(0)
+    cross = [(torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g))]
+    mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
+    plain = KVCache.allocate(cross, mask, 8)
+    indexed = IndexedKVCache(KVCache.allocate(cross, mask, 8))
+    reorders = [([0, 0, 1, 1, 2, 2], False), ([1, 0, 3, 3, 4, 5], True), ([1, 1, 2, 3, 5, 5], True),
+                ([2, 3, 4, 5], False), ([1, 1, 2, 3], True), ([0, 1], False)]  # (index, same sources)
+    for rows, same in reorders:
+        index = torch.tensor(rows)
+        k, v = torch.randn(2, plain.batch_size, 2, 1, 4, generator=g)
+        plain.append(0, k, v)
+        c = indexed.layers[0]
+        c.self_k[:k.size(0), :, indexed.length], c.self_v[:k.size(0), :, indexed.length] = k[:, :, 0], v[:, :, 0]
+        plain.advance(), indexed.advance()
+        plain.reorder(index, same_sources=same)
+        indexed.reorder(index, same_sources=same)
+        n, t = plain.length, torch.arange(plain.length)
+        for got, want in ((c.self_k, plain.layers[0].self_k), (c.self_v, plain.layers[0].self_v)):
+            torch.testing.assert_close(got[indexed.rows[:n].t(), :, t].transpose(1, 2), want[:, :, :n])
+        assert (indexed.batch_size, indexed.group_size) == (plain.batch_size, plain.group_size)
+    assert indexed.moved
+    indexed.materialize()
+    c = indexed.layers[0]
+    torch.testing.assert_close(c.self_k[:, :, :n], plain.layers[0].self_k[:, :, :n])
+    torch.testing.assert_close(c.self_v[:, :, :n], plain.layers[0].self_v[:, :, :n])
+    assert c.self_k.size(0) == 2 and not indexed.moved and bool((c.self_k[:, :, n:] == 0).all())
 
 
 def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCaptureFixture):

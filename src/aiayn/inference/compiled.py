@@ -10,6 +10,11 @@ vary between calls). Inductor fuses the step's elementwise work (layer norms, re
 int8 input quantization, the softmax) and, with weight *freezing*, treats the weights as
 constants it may repack for oneDNN.
 
+Beam search's reorders copy nothing here (:class:`IndexedKVCache`): a key/value stays in
+the buffer row that wrote it, a table says which row holds each hypothesis's at each
+position, and the step's self-attention reads through that table, a gather inductor fuses
+into the attention's loads.
+
 The price (measured in docs/benchmarks.md, ``benchmarks/compile_step.py``): each new
 family of shapes compiles for tens of seconds on a 2-core CPU, and the frozen weights are
 copies beside the model's own. So it is for a long-lived process (``aiayn serve
@@ -25,7 +30,9 @@ per sentence: a shape family of its own), run the eager step.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -46,20 +53,21 @@ EXPLICIT = True
 
 
 def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
-    """``step(tokens (R,), pos (), self_k, self_v, cross_k, cross_v, src_mask) -> logits (R, V)``:
+    """``step(tokens (R,), pos (), rows, self_k, self_v, cross_k, cross_v, src_mask) -> logits (R, V)``:
     one decoding step at position ``pos`` over caches given as per-layer lists; writes the
-    step's keys/values into ``self_k``/``self_v`` (R, H, max_len, d) at ``pos``."""
+    step's keys/values into the first R rows of ``self_k``/``self_v`` (>= R, H, max_len, d)
+    at ``pos``, and reads hypothesis i's at position t from row ``rows[t, i]`` (max_len, R)."""
     positions = model.tgt_positions
     table = positions.table if positions.kind == "sinusoidal" else positions.learned.weight
     layers: list[DecoderLayer] = list(model.decoder_layers)  # type: ignore[arg-type]
 
-    def step(tokens: Tensor, pos: Tensor, self_k: list[Tensor], self_v: list[Tensor],
+    def step(tokens: Tensor, pos: Tensor, rows: Tensor, self_k: list[Tensor], self_v: list[Tensor],
              cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor) -> Tensor:
         y = model.tgt_embed(tokens[:, None])  # (R, 1, D)
         y = y + table.index_select(0, pos.view(1)).to(y.dtype)
-        filled = (torch.arange(self_k[0].size(2), device=y.device) <= pos).view(1, 1, 1, -1)  # (1, 1, 1, max_len)
+        lineage = _Lineage(rows, pos)
         for i, layer in enumerate(layers):
-            y = _layer_step(layer, y, pos, filled, self_k[i], self_v[i], cross_k[i], cross_v[i], src_mask)
+            y = _layer_step(layer, y, lineage, self_k[i], self_v[i], cross_k[i], cross_v[i], src_mask)
         if model.decoder_norm is not None:
             y = model.decoder_norm(y)
         return project(y[:, 0])
@@ -67,15 +75,40 @@ def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
     return step
 
 
-def _layer_step(layer: DecoderLayer, y: Tensor, pos: Tensor, filled: Tensor, k_buf: Tensor, v_buf: Tensor,
+class _Lineage(NamedTuple):
+    """Where a step reads the self-attention cache: hypothesis i's key/value at position t is
+    in buffer row ``rows[t, i]`` (max_len, R); positions after ``pos`` are masked."""
+
+    rows: Tensor
+    pos: Tensor
+
+    def attend(self, q: Tensor, k_buf: Tensor, v_buf: Tensor) -> Tensor:
+        """softmax(q K^T / sqrt(d_k)) V for one query per row, q (R, H, 1, d_k) -> (R, H, d_v),
+        with K and V gathered through ``rows`` as they are read: written as products and sums
+        (not two batched matmuls) so that inductor fuses the gather into the loads."""
+        t = torch.arange(self.rows.size(0), device=q.device)
+        k = k_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, max_len, d_k)
+        v = v_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, max_len, d_v)
+        # In float32 whatever the cache's dtype: inductor widens the loads in place.
+        scores = (q.float() * k.float()).sum(-1) / math.sqrt(q.size(-1))  # (R, H, max_len)
+        scores = scores.masked_fill(t > self.pos, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        return (probs.unsqueeze(-1) * v.float()).sum(2).to(v.dtype)
+
+
+def _layer_step(layer: DecoderLayer, y: Tensor, lineage: _Lineage, k_buf: Tensor, v_buf: Tensor,
                 cross_k: Tensor, cross_v: Tensor, src_mask: Tensor) -> Tensor:
     rows, groups = y.size(0), cross_k.size(0)
 
     def self_attn(h: Tensor) -> Tensor:
         q, k, v = layer.self_attn.project_qkv(h)  # (R, H, 1, d)
-        k_buf.index_copy_(2, pos.view(1), k)
-        v_buf.index_copy_(2, pos.view(1), v)
-        return layer.self_attn.attend_heads(q, k_buf, v_buf, mask=filled, need_weights=EXPLICIT)[0]
+        # Into the first R rows (the buffers may hold more), by indexing the whole buffer:
+        # a write into a slice made inductor copy the whole buffer around it.
+        at = (torch.arange(rows, device=y.device), slice(None), lineage.pos.view(1))
+        k_buf[at] = k[:, :, 0]
+        v_buf[at] = v[:, :, 0]
+        out = lineage.attend(q, k_buf, v_buf)  # (R, H, d_v)
+        return layer.self_attn.w_o(out.reshape(rows, 1, -1))
 
     def cross(h: Tensor) -> Tensor:
         # A source group's rows are its queries over its one copy of the keys (KVCache.group_size).
@@ -86,6 +119,62 @@ def _layer_step(layer: DecoderLayer, y: Tensor, pos: Tensor, filled: Tensor, k_b
     y = layer.residual(y, layer.self_attn_norm, self_attn)
     y = layer.residual(y, layer.cross_attn_norm, cross)
     return layer.residual(y, layer.ffn_norm, layer.ffn)
+
+
+class IndexedKVCache(KVCache):
+    """A :class:`KVCache` whose self-attention keys/values stay in the row that wrote them.
+
+    A beam reorder of :class:`KVCache` copies every filled key and value of every layer to
+    follow the new rows: work that grows with the prefix, at every step. Here a reorder
+    only updates ``rows`` (max_len, R): hypothesis i's key/value at position t sits in
+    buffer row ``rows[t, i]``, and the compiled step reads through it. The buffers keep
+    their rows when sentences finish (a finished row may hold a survivor's ancestors) and
+    are gathered for real only when the rows outgrow them (beam expansion) and before an
+    eager step (:meth:`materialize`).
+    """
+
+    def __init__(self, cache: KVCache) -> None:
+        super().__init__(cache.layers, cache.src_mask, cache.max_len, cache.group_size)
+        for c in self.layers:
+            # The layout a regrouping (index_select) gives them: new strides would recompile the step.
+            c.cross_k, c.cross_v = c.cross_k.contiguous(), c.cross_v.contiguous()
+        self.length = cache.length
+        self.rows = self._identity(cache.batch_size)
+        self.moved = False  # rows differs from the identity
+
+    def _identity(self, n: int) -> Tensor:
+        return torch.arange(n, device=self.src_mask.device).repeat(self.max_len, 1)  # (max_len, n)
+
+    @property
+    def batch_size(self) -> int:
+        return self.rows.size(1)
+
+    def _reorder_self(self, index: Tensor) -> None:
+        if self.layers and index.numel() > self.layers[0].self_k.size(0):  # more rows than buffer rows
+            self.materialize()
+            super()._reorder_self(index)
+            self.rows = self._identity(index.numel())
+            return
+        rows = self._identity(index.numel())
+        rows[:self.length] = self.rows[:self.length].index_select(1, index)
+        self.rows, self.moved = rows, True
+
+    def materialize(self) -> None:
+        """Gather each hypothesis's keys/values into its own row, as :class:`KVCache` keeps them."""
+        if not self.moved:
+            return
+        n, r = self.length, self.batch_size
+        where = (self.rows[:n].t(), slice(None), torch.arange(n, device=self.rows.device))
+        for c in self.layers:
+            c.self_k, c.spare_k = _placed(c.self_k, where, r), c.self_k
+            c.self_v, c.spare_v = _placed(c.self_v, where, r), c.self_v
+        self.rows, self.moved = self._identity(r), False
+
+
+def _placed(buf: Tensor, where: tuple[Tensor, slice, Tensor], rows: int) -> Tensor:
+    out = torch.zeros((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)  # zeros: see KVCache._gather
+    out[:, :, :where[2].numel()] = buf[where].transpose(1, 2)
+    return out
 
 
 class CompiledDecoder(IncrementalDecoder):
@@ -102,17 +191,27 @@ class CompiledDecoder(IncrementalDecoder):
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")
         self.compiled: StaticStep | None = torch.compile(static_step(self.model, self.project), dynamic=True)
 
+    def init_state(self, src: Tensor, max_steps: int) -> IndexedKVCache:
+        return IndexedKVCache(super().init_state(src, max_steps))
+
     def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+        assert isinstance(state, IndexedKVCache), "a CompiledDecoder decodes over its own init_state"
         if need_attn or state.length == 0 or self.compiled is None:
+            state.materialize()
             return super().step(tokens, state, need_attn)
         if state.length >= state.max_len:
             raise RuntimeError(f"KV cache full: max_len={state.max_len} steps")
         layers = state.layers
-        # Freezing is read when a graph compiles, i.e. inside a call; patched for the call
-        # alone (torch.compile's options= does not reach it), never set globally.
+        # Both settings are read when a graph compiles, i.e. inside a call; patched for the
+        # call alone (torch.compile's options= does not reach them), never set globally.
+        # Freezing lets inductor treat the weights as constants. Without duck shapes, sizes
+        # that happen to be equal at the first call (say 24 rows and 24 source tokens, or
+        # as many rows as the buffers have until a sentence finishes) do not become one
+        # symbol whose split later recompiles the step.
         try:
-            with self._precision(tokens.device), torch._inductor.config.patch(freezing=True):
-                logits = self.compiled(tokens, torch.tensor(state.length, device=tokens.device),
+            with self._precision(tokens.device), torch._inductor.config.patch(freezing=True), \
+                    torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+                logits = self.compiled(tokens, torch.tensor(state.length, device=tokens.device), state.rows,
                                        [c.self_k for c in layers], [c.self_v for c in layers],
                                        [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
         except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this machine
@@ -120,6 +219,7 @@ class CompiledDecoder(IncrementalDecoder):
             first_line = (str(exc).strip().splitlines() or [""])[0]
             log.warning("compiled decoding is unavailable (%s: %s); decoding eagerly", type(exc).__name__, first_line)
             self.compiled = None
+            state.materialize()
             return super().step(tokens, state, need_attn)
         state.advance()
         return logits, None

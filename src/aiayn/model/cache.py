@@ -99,14 +99,23 @@ class KVCache:
         sentence, none added or dropped), so the per-source cross-attention keys/values and
         mask stay as they are; only the self-attention prefix follows the parents.
         """
-        n, rows = self.length, index.numel()
+        rows = index.numel()
         if same_sources and bool((index == torch.arange(rows, device=index.device)).all()):
             return
-        for c in self.layers:
-            c.self_k, c.spare_k = self._gather(c.self_k, c.spare_k, index, n)
-            c.self_v, c.spare_v = self._gather(c.self_v, c.spare_v, index, n)
+        self._reorder_self(index)
         if same_sources:
             return
+        self._regroup_sources(index)
+
+    def _reorder_self(self, index: Tensor) -> None:
+        """The self-attention prefix follows the rows ``index``."""
+        for c in self.layers:
+            c.self_k, c.spare_k = self._gather(c.self_k, c.spare_k, index, self.length)
+            c.self_v, c.spare_v = self._gather(c.self_v, c.spare_v, index, self.length)
+
+    def _regroup_sources(self, index: Tensor) -> None:
+        """Cross-attention keys/values and the source mask follow the rows ``index``."""
+        rows = index.numel()
         # Which source each new row reads; regroup the cross keys/values by it.
         sources = torch.div(index, self.group_size, rounding_mode="floor")
         grouped = _grouping(sources)
