@@ -128,18 +128,25 @@ def rss_mb() -> float:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
+    cpu, flags = platform.processor() or platform.machine(), set()
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8"):
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
                 break
     except OSError:
         pass
     from aiayn.runtime import native_bf16
 
-    # Whether bf16 has matrix units here decides whether the bf16 rows can be fast at all.
-    bf16 = "native bf16 (AVX-512 BF16/AMX)" if native_bf16("cpu") else "no native bf16 (emulated)"
+    # Whether bf16 has dot-product instructions or matrix units here decides how fast the
+    # bf16 rows can be, and which machine kind of docs/benchmarks.md this is.
+    units = [name for flag, name in (("avx512_bf16", "AVX-512 BF16"), ("amx_tile", "AMX")) if flag in flags]
+    if native_bf16("cpu"):
+        bf16 = f"native bf16 ({' + '.join(units) or 'per torch'})" + ("" if "amx_tile" in flags else ", no AMX")
+    else:
+        bf16 = "no native bf16 (emulated)"
     return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads, {bf16}, torch {torch.__version__}"
 
 
