@@ -140,13 +140,12 @@ def machine() -> str:
         pass
     from aiayn.runtime import native_bf16
 
-    # Whether bf16 has dot-product instructions or matrix units here decides how fast the
-    # bf16 rows can be, and which machine kind of docs/benchmarks.md this is.
-    units = [name for flag, name in (("avx512_bf16", "AVX-512 BF16"), ("amx_tile", "AMX")) if flag in flags]
-    if native_bf16("cpu"):
-        bf16 = f"native bf16 ({' + '.join(units) or 'per torch'})" + ("" if "amx_tile" in flags else ", no AMX")
-    else:
+    # Whether bf16 has matrix units (AMX), dot-product instructions only, or neither decides
+    # how fast the bf16 rows can be: the machine kinds of docs/benchmarks.md.
+    if not native_bf16("cpu"):
         bf16 = "no native bf16 (emulated)"
+    else:
+        bf16 = "native bf16 (AMX)" if "amx_tile" in flags else "native bf16 (AVX-512 BF16, no AMX)"
     return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads, {bf16}, torch {torch.__version__}"
 
 

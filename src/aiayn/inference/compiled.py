@@ -199,8 +199,7 @@ class CompiledDecoder(IncrementalDecoder):
         if need_attn or state.length == 0 or self.compiled is None:
             state.materialize()
             return super().step(tokens, state, need_attn)
-        if state.length >= state.max_len:
-            raise RuntimeError(f"KV cache full: max_len={state.max_len} steps")
+        state.check_room()
         layers = state.layers
         # Both settings are read when a graph compiles, i.e. inside a call; patched for the
         # call alone (torch.compile's options= does not reach them), never set globally.

@@ -82,12 +82,16 @@ class KVCache:
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store one step's keys (R, H, 1, d_k) and values (R, H, 1, d_v); return all filled
         ones, (R, H, t+1, d_k) and (R, H, t+1, d_v)."""
-        if self.length >= self.max_len:
-            raise RuntimeError(f"KV cache full: max_len={self.max_len} steps")
+        self.check_room()
         c = self.layers[layer]
         c.self_k[:, :, self.length] = k[:, :, 0]
         c.self_v[:, :, self.length] = v[:, :, 0]
         return c.self_k[:, :, :self.length + 1], c.self_v[:, :, :self.length + 1]
+
+    def check_room(self) -> None:
+        """Raise unless one more position fits (a full cache must not overwrite its last one)."""
+        if self.length >= self.max_len:
+            raise RuntimeError(f"KV cache full: max_len={self.max_len} steps")
 
     def advance(self) -> None:
         self.length += 1
