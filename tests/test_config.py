@@ -109,6 +109,8 @@ def test_overrides_typed() -> None:
     ("data.vocab_size=2", "data.vocab_size"),
     ("data.subword_alpha_src=1.5", "data.subword_alpha_src"),
     ("data.parsing_subtrees=-1", "data.parsing_subtrees"),
+    ("data.parsing_substitutions=-1", "data.parsing_substitutions"),
+    ("data.parsing_substitution_rate=0", "data.parsing_substitution_rate"),
     ("data.subword_alpha_tgt=-0.1", "data.subword_alpha_tgt"),
     ("data.subword_nbest=1", "data.subword_nbest"),
     ("data.subword_nbest=513", "data.subword_nbest"),

@@ -215,6 +215,11 @@ class DataConfig:
     # Train on every phrase of the training trees spanning this many words or more as well,
     # each as a pair of its own (aiayn.data.trees.phrase_subtrees); 0: the whole trees only.
     parsing_subtrees: int = 0
+    # Also train on this many variants of every training pair (trees and phrases) in which
+    # each word is replaced, with probability parsing_substitution_rate, by a training word
+    # of the same POS tag (aiayn.data.trees.substituted; seeded by data.seed); 0: off.
+    parsing_substitutions: int = 0
+    parsing_substitution_rate: float = 0.5
     # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training
     # one: needed to fine-tune a checkpoint (train.init_from) on new data.
     tokenizer_dir: str | None = None
@@ -242,6 +247,12 @@ class DataConfig:
         if self.parsing_subtrees < 0:
             raise ConfigError(f"{prefix}.parsing_subtrees: must be 0 (off) or a number of words, "
                               f"got {self.parsing_subtrees}")
+        if self.parsing_substitutions < 0:
+            raise ConfigError(f"{prefix}.parsing_substitutions: must be 0 (off) or a number of variants, "
+                              f"got {self.parsing_substitutions}")
+        if not 0.0 < self.parsing_substitution_rate <= 1.0:
+            raise ConfigError(f"{prefix}.parsing_substitution_rate: must be in (0, 1], "
+                              f"got {self.parsing_substitution_rate}")
         if not 0.0 < self.character_coverage <= 1.0:
             raise ConfigError(f"{prefix}.character_coverage: must be in (0, 1]")
         if self.max_len < 1:

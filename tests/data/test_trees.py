@@ -26,6 +26,7 @@ from aiayn.data.trees import (
     right_branching_tree,
     spelled_words,
     strip_label,
+    substituted,
     tree_to_string,
 )
 from aiayn.errors import DataError
@@ -317,6 +318,40 @@ def test_phrase_subtrees_are_every_phrase_below_the_root_of_enough_words() -> No
     assert [" ".join(p.leaves()) for p in phrase_subtrees([tree], 3)] == ["sat on the mat", "on the mat"]
 
 
+def test_substituted_variants_keep_the_brackets_and_draw_words_of_the_same_tag() -> None:
+    trees = [parse_tree("(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))"),
+             parse_tree("(S (NP (DT a) (NN dog)) (VP (VBD ran) (ADVP (RB away))) (. !))")]
+    before = [tree_to_string(t) for t in trees]
+    variants = substituted(trees, 3, 1.0, trees, seed=7)
+    assert [tree_to_string(t) for t in trees] == before  # the originals are not touched
+    assert len(variants) == 6
+    pool = {"DT": {"The", "a"}, "NN": {"cat", "dog"}, "VBD": {"sat", "ran"}, "RB": {"away"}, ".": {".", "!"}}
+    for i, variant in enumerate(variants):
+        original = trees[i % 2]  # each copy is a pass over the trees in order
+        assert as_placeholders(linearize(variant)) == as_placeholders(linearize(original))
+        assert variant.tags() == original.tags()
+        assert all(word in pool[tag] for word, tag in zip(variant.leaves(), variant.tags()))
+    # rate 1 replaces every word: the draws reach other words than the originals
+    assert {" ".join(v.leaves()) for v in variants} - {" ".join(t.leaves()) for t in trees}
+    # deterministic in the seed; another seed draws otherwise
+    assert [tree_to_string(t) for t in substituted(trees, 3, 1.0, trees, seed=7)] == [
+        tree_to_string(t) for t in variants]
+    assert [tree_to_string(t) for t in substituted(trees, 3, 1.0, trees, seed=8)] != [
+        tree_to_string(t) for t in variants]
+
+
+def test_substitution_rate_is_the_share_of_words_redrawn() -> None:
+    # 20 tags, each with 20 distinct words: a redrawn word is a new one 95% of the time.
+    lexicon = [parse_tree("(S " + " ".join(f"(T{t} w{t}_{k})" for t in range(20)) + ")") for k in range(20)]
+    changed = total = 0
+    for original, variant in zip(lexicon * 5, substituted(lexicon, 5, 0.3, lexicon, seed=1)):
+        changed += sum(a != b for a, b in zip(original.leaves(), variant.leaves()))
+        total += len(original.leaves())
+    assert 0.3 * 0.95 - 0.04 < changed / total < 0.3 * 0.95 + 0.04
+    # a word whose tag the lexicon lacks stays
+    assert substituted([parse_tree("(S (ZZ odd))")], 1, 1.0, lexicon)[0].leaves() == ["odd"]
+
+
 # ---------------------------------------------------------------------------- preparation
 @needs_ptb
 def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -> None:
@@ -344,6 +379,34 @@ def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -
                         "(ADJP (NP XX years )NP old )ADJP"]
     for name in ("train.gold.txt", "test.src.txt", "test.tgt.txt", "test.gold.txt"):
         assert (more / name).read_bytes() == (plain / name).read_bytes()
+
+
+@needs_ptb
+def test_prepare_parsing_with_substitutions_appends_variants_of_trees_and_phrases(tmp_path: Path) -> None:
+    ptb = tmp_path / "ptb"
+    ptb.mkdir()
+    for name in ("wsj_0001.mrg", "wsj_0002.mrg", "wsj_0003.mrg"):
+        shutil.copy(PTB_FILES / name, ptb / name)
+    splits = {"train": (1, 2), "test": (3, 3)}
+    base, more = tmp_path / "base", tmp_path / "more"
+    prepare_parsing(ptb, base, splits=splits, target="words", subtrees=3)
+    summary = prepare_parsing(ptb, more, splits=splits, target="words", subtrees=3, substitutions=2,
+                              substitution_rate=0.5, seed=3)
+    assert (summary["phrases"], summary["substituted"]) == (24, 2 * (3 + 24))
+    trees = read_trees(base / "train.gold.txt")
+    expected = substituted(trees + phrase_subtrees(trees, 3), 2, 0.5, trees, seed=3)
+    spell = spelled_words(trees, 2)
+    for kind in ("src", "tgt"):
+        first = (base / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines()
+        lines = (more / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines()
+        assert lines[:27] == first and len(lines) == 27 + 54
+    src = (more / "train.src.txt").read_text(encoding="utf-8").splitlines()[27:]
+    tgt = (more / "train.tgt.txt").read_text(encoding="utf-8").splitlines()[27:]
+    assert src == [" ".join(t.leaves()) for t in expected]
+    assert tgt == [" ".join(linearize(t, spell=spell)) for t in expected]
+    assert src != (more / "train.src.txt").read_text(encoding="utf-8").splitlines()[:27] * 2
+    for name in ("train.gold.txt", "test.src.txt", "test.tgt.txt", "test.gold.txt"):
+        assert (more / name).read_bytes() == (base / name).read_bytes()
 
 
 @needs_ptb

@@ -518,7 +518,9 @@ def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike,
     text_dir = make_temp_dir(out.with_name(out.name + "-text"))
     try:
         text_summary = prepare_parsing(Path(ptb_dir), text_dir, target=cfg.parsing_target,
-                                       min_count=cfg.parsing_min_count, subtrees=cfg.parsing_subtrees)
+                                       min_count=cfg.parsing_min_count, subtrees=cfg.parsing_subtrees,
+                                       substitutions=cfg.parsing_substitutions,
+                                       substitution_rate=cfg.parsing_substitution_rate, seed=cfg.seed)
         files: dict[str, Any] = {}
         gold: dict[str, Path] = {}
         for role in ROLES:

@@ -55,7 +55,9 @@ parallel text: ``{role}.src.txt`` (words), ``{role}.tgt.txt`` (linearized tree) 
 
 from __future__ import annotations
 
+import copy
 import logging
+import random
 import re
 from collections import Counter
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
@@ -551,12 +553,47 @@ def phrase_subtrees(trees: Iterable[Tree], min_words: int) -> list[Tree]:
     return out
 
 
+def substituted(trees: Sequence[Tree], copies: int, rate: float, lexicon: Iterable[Tree],
+                seed: int = 1) -> list[Tree]:
+    """``copies`` variants of each tree of ``trees`` in which each word is replaced, with
+    probability ``rate``, by a word of the same POS tag drawn from ``lexicon``'s words by
+    their frequency there: new sentences with the same brackets, for a small treebank
+    (augmentation by same-tag substitution). Deterministic in ``seed``; ``trees`` unchanged."""
+    pool: dict[str, list[str]] = {}
+    for tree in lexicon:
+        for node in tree.preterminals():
+            pool.setdefault(node.label, []).append(node.word or "")
+    rng = random.Random(seed)
+    out: list[Tree] = []
+    for _ in range(copies):
+        for tree in trees:
+            variant = copy.deepcopy(tree)
+            for node in variant.preterminals():
+                if node.label in pool and rng.random() < rate:
+                    node.word = rng.choice(pool[node.label])
+            out.append(variant)
+    return out
+
+
 def spelled_words(trees: Iterable[Tree], min_count: int) -> frozenset[str]:
     """The words a ``words`` target spells: those seen ``min_count`` times or more in
     ``trees`` (the training trees); rarer words stay placeholders, so that the target
     vocabulary holds every target token (SentencePiece merges adjacent unknowns)."""
     counts = Counter(word for tree in trees for word in tree.leaves())
     return frozenset(word for word, n in counts.items() if n >= min_count)
+
+
+def _training_extras(trees: list[Tree], placeholder: str, spell: Container[str], subtrees: int,
+                     substitutions: int, rate: float, seed: int) -> tuple[list[str], list[str], dict]:
+    """The extra training pairs (source and target lines): phrases, then same-tag variants
+    of the trees and phrases; and how many of each were made, for the summary."""
+    phrases = phrase_subtrees(trees, subtrees) if subtrees > 0 else []
+    variants = substituted(trees + phrases, substitutions, rate, trees, seed) if substitutions > 0 else []
+    counts = {"phrases": len(phrases)} if subtrees > 0 else {}
+    if substitutions > 0:
+        counts["substituted"] = len(variants)
+    src, tgt, _ = _parsing_lines(phrases + variants, placeholder, spell)
+    return src, tgt, counts
 
 
 def prepare_parsing(
@@ -568,6 +605,9 @@ def prepare_parsing(
     target: str = "placeholders",
     min_count: int = 2,
     subtrees: int = 0,
+    substitutions: int = 0,
+    substitution_rate: float = 0.5,
+    seed: int = 1,
 ) -> dict:
     """Write the parsing task's parallel text for each split role.
 
@@ -580,10 +620,13 @@ def prepare_parsing(
     :data:`TARGETS`; a ``words`` target spells the words seen ``min_count`` times in the
     ``train`` role's trees (:func:`spelled_words`). ``subtrees`` > 0 adds every phrase of
     the ``train`` trees spanning that many words or more as a pair of its own, after the
-    whole trees (:func:`phrase_subtrees`; the other roles keep their sentences). Returns
+    whole trees (:func:`phrase_subtrees`; the other roles keep their sentences).
+    ``substitutions`` > 0 adds that many variants of every ``train`` pair (trees and phrases)
+    with words replaced at ``substitution_rate`` by training words of the same POS tag
+    (:func:`substituted`, seeded by ``seed``). Returns
     ``{"splits": {role: {"trees", "words", "skipped", "files": "wsj_0001-wsj_0159"}},
     "placeholder", "target", "source", "spelled_words"}``, plus ``"phrases"`` (how many were
-    added) with ``subtrees``.
+    added) with ``subtrees`` and ``"substituted"`` with ``substitutions``.
     """
     if target not in TARGETS:
         raise DataError(f"parsing target must be one of {', '.join(TARGETS)}, got {target!r}")
@@ -602,10 +645,11 @@ def prepare_parsing(
     summary["spelled_words"] = len(spell)
     for role, (first, last) in splits.items():
         src_lines, tgt_lines, gold_lines = _parsing_lines(trees[role][0], placeholder, spell)
-        if role == "train" and subtrees > 0:
-            phrases = _parsing_lines(phrase_subtrees(trees[role][0], subtrees), placeholder, spell)
-            src_lines, tgt_lines = src_lines + phrases[0], tgt_lines + phrases[1]
-            summary["phrases"] = len(phrases[0])
+        if role == "train":
+            src_extra, tgt_extra, counts = _training_extras(trees[role][0], placeholder, spell, subtrees,
+                                                            substitutions, substitution_rate, seed)
+            src_lines, tgt_lines = src_lines + src_extra, tgt_lines + tgt_extra
+            summary.update(counts)
         skipped = trees[role][1]
         contents[out_dir / f"{role}.src.txt"] = "".join(src_lines)
         contents[out_dir / f"{role}.tgt.txt"] = "".join(tgt_lines)
