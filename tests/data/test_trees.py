@@ -353,13 +353,18 @@ def test_substitution_rate_is_the_share_of_words_redrawn() -> None:
 
 
 # ---------------------------------------------------------------------------- preparation
-@needs_ptb
-def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -> None:
+def _three_files(tmp_path: Path) -> tuple[Path, dict[str, tuple[int, int]]]:
+    """A treebank of wsj_0001-0003 and a split of it: train 1-2, test 3."""
     ptb = tmp_path / "ptb"
     ptb.mkdir()
     for name in ("wsj_0001.mrg", "wsj_0002.mrg", "wsj_0003.mrg"):
         shutil.copy(PTB_FILES / name, ptb / name)
-    splits = {"train": (1, 2), "test": (3, 3)}
+    return ptb, {"train": (1, 2), "test": (3, 3)}
+
+
+@needs_ptb
+def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -> None:
+    ptb, splits = _three_files(tmp_path)
     plain, more = tmp_path / "plain", tmp_path / "more"
     assert "phrases" not in prepare_parsing(ptb, plain, splits=splits, target="words")
     summary = prepare_parsing(ptb, more, splits=splits, target="words", subtrees=3)
@@ -383,11 +388,7 @@ def test_prepare_parsing_with_phrases_adds_training_pairs_only(tmp_path: Path) -
 
 @needs_ptb
 def test_prepare_parsing_with_substitutions_appends_variants_of_trees_and_phrases(tmp_path: Path) -> None:
-    ptb = tmp_path / "ptb"
-    ptb.mkdir()
-    for name in ("wsj_0001.mrg", "wsj_0002.mrg", "wsj_0003.mrg"):
-        shutil.copy(PTB_FILES / name, ptb / name)
-    splits = {"train": (1, 2), "test": (3, 3)}
+    ptb, splits = _three_files(tmp_path)
     base, more = tmp_path / "base", tmp_path / "more"
     prepare_parsing(ptb, base, splits=splits, target="words", subtrees=3)
     summary = prepare_parsing(ptb, more, splits=splits, target="words", subtrees=3, substitutions=2,
