@@ -10,7 +10,7 @@ this test's first run (2026-11-24, machine D, 228 s of training, the recipe with
 phrases) scored 45.56 dev and 43.97 test F1 with beam 21, constrained; with the phrases
 (``data.parsing_subtrees: 3``) it passed again in 295 s; with the same-tag variants
 (``data.parsing_substitutions: 3``, 2026-11-25, machine D, bf16) it scored 38.31 dev and 37.62
-test F1 after 209 s of training (1,000 steps are a sixth of an epoch of that data), passing in
+test F1 after 209 s of training (1,000 steps are 0.4 of an epoch of that data), passing in
 311 s. A regression in any stage (tree cleaning,
 linearization, tokenizer, training, averaging, the search, the tree constraint, the rebuild,
 EVALB) drops it below the floor.
