@@ -561,8 +561,8 @@ def substituted(trees: Sequence[Tree], copies: int, rate: float, lexicon: Iterab
     (augmentation by same-tag substitution). Deterministic in ``seed``; ``trees`` unchanged."""
     pool: dict[str, list[str]] = {}
     for tree in lexicon:
-        for node in tree.preterminals():
-            pool.setdefault(node.label, []).append(node.word or "")
+        for tag, word in zip(tree.tags(), tree.leaves()):
+            pool.setdefault(tag, []).append(word)
     rng = random.Random(seed)
     out: list[Tree] = []
     for _ in range(copies):
@@ -584,12 +584,14 @@ def spelled_words(trees: Iterable[Tree], min_count: int) -> frozenset[str]:
 
 
 def _training_extras(trees: list[Tree], placeholder: str, spell: Container[str], subtrees: int,
-                     substitutions: int, rate: float, seed: int) -> tuple[list[str], list[str], dict]:
+                     substitutions: int, rate: float, seed: int) -> tuple[list[str], list[str], dict[str, int]]:
     """The extra training pairs (source and target lines): phrases, then same-tag variants
     of the trees and phrases; and how many of each were made, for the summary."""
     phrases = phrase_subtrees(trees, subtrees) if subtrees > 0 else []
     variants = substituted(trees + phrases, substitutions, rate, trees, seed) if substitutions > 0 else []
-    counts = {"phrases": len(phrases)} if subtrees > 0 else {}
+    counts: dict[str, int] = {}
+    if subtrees > 0:
+        counts["phrases"] = len(phrases)
     if substitutions > 0:
         counts["substituted"] = len(variants)
     src, tgt, _ = _parsing_lines(phrases + variants, placeholder, spell)
