@@ -2,8 +2,8 @@
 # Constituency parsing on the Penn Treebank sample, end to end (paper, section 6.2): prepare
 # (train wsj_0001-0159, every phrase of 3+ words of its trees, and a variant of each with
 # words replaced by others of the same POS tag; valid wsj_0160-0179, test wsj_0180-0199; the
-# target tree spells its words), train 16,000 steps (57 minutes on 2 cores with native bf16;
-# a slower machine stops at the 60-minute cap), average the last 5 checkpoints, parse valid
+# target tree spells its words), train 16,000 steps (a slower machine stops at the
+# 60-minute cap; timings in docs/benchmarks.md), average the last 5 checkpoints, parse valid
 # and test with beam 21, alpha 0.3, max length = input + 300, under
 # the tree grammar (every output a tree over exactly its words), and score with EVALB
 # (COLLINS.prm). Results in docs/benchmarks.md; the guide is docs/parsing.md.

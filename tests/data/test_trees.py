@@ -397,15 +397,14 @@ def test_prepare_parsing_with_substitutions_appends_variants_of_trees_and_phrase
     trees = read_trees(base / "train.gold.txt")
     expected = substituted(trees + phrase_subtrees(trees, 3), 2, 0.5, trees, seed=3)
     spell = spelled_words(trees, 2)
+    first, lines = {}, {}
     for kind in ("src", "tgt"):
-        first = (base / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines()
-        lines = (more / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines()
-        assert lines[:27] == first and len(lines) == 27 + 54
-    src = (more / "train.src.txt").read_text(encoding="utf-8").splitlines()[27:]
-    tgt = (more / "train.tgt.txt").read_text(encoding="utf-8").splitlines()[27:]
-    assert src == [" ".join(t.leaves()) for t in expected]
-    assert tgt == [" ".join(linearize(t, spell=spell)) for t in expected]
-    assert src != (more / "train.src.txt").read_text(encoding="utf-8").splitlines()[:27] * 2
+        first[kind] = (base / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines()
+        lines[kind] = (more / f"train.{kind}.txt").read_text(encoding="utf-8").splitlines()
+        assert lines[kind][:27] == first[kind] and len(lines[kind]) == 27 + 54
+    assert lines["src"][27:] == [" ".join(t.leaves()) for t in expected]
+    assert lines["tgt"][27:] == [" ".join(linearize(t, spell=spell)) for t in expected]
+    assert lines["src"][27:] != first["src"] * 2
     for name in ("train.gold.txt", "test.src.txt", "test.tgt.txt", "test.gold.txt"):
         assert (more / name).read_bytes() == (base / name).read_bytes()
 
