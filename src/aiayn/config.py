@@ -289,7 +289,8 @@ class DataConfig:
 
 # What train.loggers may name (aiayn.training.loggers); jsonl is written either way.
 TRAIN_LOGGERS = ("jsonl", "tensorboard", "wandb")
-# Schedules that decay to train.min_lr at train.max_steps (aiayn.training.schedule.decay_lr).
+# Schedules that decay to train.min_lr at train.max_steps, or at the end of train.max_time_minutes
+# when max_steps is 0 (aiayn.training.schedule).
 DECAY_SCHEDULES = ("cosine", "linear")
 LR_SCHEDULES = ("noam", "inverse_sqrt", "constant", *DECAY_SCHEDULES)
 
@@ -321,7 +322,8 @@ class TrainConfig:
     adam_eps: float = 1e-9
     weight_decay: float = 0.0
     # Learning-rate schedule: noam (the paper), inverse_sqrt (fairseq), constant, or cosine /
-    # linear (warmup, then down to min_lr at max_steps: HF's and fairseq's decays to the end).
+    # linear (warmup, then down to min_lr at max_steps: HF's and fairseq's decays to the end; with
+    # max_steps 0, at the end of max_time_minutes).
     lr_schedule: str = "noam"
     lr_scale: float = 1.0  # multiplies the noam rate
     lr: float = 5e-4  # peak rate for inverse_sqrt / constant / cosine / linear
@@ -393,12 +395,14 @@ class TrainConfig:
         self._validate_watching(prefix)
 
     def _validate_decay(self, prefix: str) -> None:
-        """cosine / linear decay over max_steps: it has to be there, past the warmup."""
+        """cosine / linear decay over max_steps (past the warmup), or over max_time_minutes."""
         if self.lr_schedule not in DECAY_SCHEDULES:
             return
-        if self.max_steps <= self.warmup_steps:
+        timed = self.max_steps == 0 and self.max_time_minutes > 0
+        if not timed and self.max_steps <= self.warmup_steps:
             raise ConfigError(f"{prefix}.lr_schedule: {self.lr_schedule} decays until {prefix}.max_steps, which "
-                              f"must be above {prefix}.warmup_steps ({self.warmup_steps}), got {self.max_steps}")
+                              f"must be above {prefix}.warmup_steps ({self.warmup_steps}), got {self.max_steps} "
+                              f"(or set max_steps 0 and max_time_minutes to decay over a time budget)")
         if not 0.0 <= self.min_lr < self.lr:
             raise ConfigError(f"{prefix}.min_lr: must be in [0, {prefix}.lr), got {self.min_lr}")
 

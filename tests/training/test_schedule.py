@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -139,6 +140,7 @@ def test_decay_from_config_falls_monotonically_to_min_lr(shape):
 
 @pytest.mark.parametrize(("fields", "message"), [
     ({"max_steps": 0}, "train.lr_schedule: cosine decays until train.max_steps, which must be above"),
+    ({"max_steps": 0, "max_time_minutes": 0}, "or set max_steps 0 and max_time_minutes to decay over a time"),
     ({"max_steps": 100, "warmup_steps": 100}, "train.max_steps, which must be above train.warmup_steps (100), got 100"),
     ({"max_steps": 1000, "min_lr": 1e-3}, "train.min_lr: must be in [0, train.lr)"),
 ])
@@ -147,3 +149,33 @@ def test_decay_needs_a_horizon_past_the_warmup(fields, message):
     with pytest.raises(ConfigError) as err:
         TrainConfig(**{"lr_schedule": "cosine", "lr": 1e-3, "warmup_steps": 10, **fields}).validate()
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(("shape", "step", "elapsed", "expected"), [
+    ("cosine", 5, 30.0, 1e-4 + (1e-3 - 1e-4) / 2),       # warmup by updates, whatever the clock
+    ("cosine", 10, 0.0, 1e-3),                            # the peak at the warmup's end, at time 0
+    ("cosine", 10, 30.0, 0.5 * (1e-3 + 1e-5)),            # half the budget: half-way down
+    ("cosine", 10, 15.0, 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + math.cos(math.pi / 4))),
+    ("cosine", 99, 60.0, 1e-5),                           # min_lr at the budget's end
+    ("cosine", 99, 75.0, 1e-5),                           # and past it
+    ("linear", 40, 45.0, 1e-3 - (1e-3 - 1e-5) * 0.75),
+    ("linear", 40, -1.0, 1e-3),                           # no negative progress
+])
+def test_timed_decay_table(shape, step, elapsed, expected):
+    from aiayn.training.schedule import timed_decay_lr
+    got = timed_decay_lr(step, elapsed, 60.0, 1e-3, 10, shape=shape, init_lr=1e-4, min_lr=1e-5)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_decay_with_no_max_steps_runs_over_the_time_budget():
+    """max_steps 0 and max_time_minutes 2: the schedule reads the seconds, not the updates."""
+    train = TrainConfig(lr_schedule="linear", lr=1e-3, warmup_steps=10, max_steps=0, max_time_minutes=2.0,
+                        warmup_init_lr=0.0)
+    train.validate()
+    schedule = make_schedule(train, 256)
+    assert schedule(500, 0.0) == pytest.approx(1e-3)
+    assert schedule(500, 30.0) == pytest.approx(0.75e-3)
+    assert schedule(20, 90.0) == pytest.approx(0.25e-3)
+    assert schedule(20, 120.0) == 0.0
+    stepped = make_schedule(dataclasses.replace(train, max_steps=100), 256)
+    assert stepped(55, 90.0) == stepped(55, 0.0) == pytest.approx(0.5e-3)  # a step horizon ignores the clock

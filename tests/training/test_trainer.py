@@ -173,6 +173,40 @@ def test_wall_time_budget_is_not_overshot(make_cfg, make_task, tmp_path, monkeyp
     assert tr.state.step == 4 and ends == pytest.approx([0.2, 0.4, 0.6, 0.8])
 
 
+@pytest.mark.parametrize("shape", ["cosine", "linear"])
+def test_decay_over_a_time_budget_follows_the_clock(make_cfg, make_task, tmp_path, monkeypatch, shape):
+    """lr_schedule cosine/linear with max_steps 0 decays over max_time_minutes: with a fake
+    clock of 0.1 s an update and a 1 s budget, update k (after 0.1 (k-1) s) gets the rate at
+    that share of the budget; 9 updates fit (a tenth would end at the budget), and the last
+    checkpoint records the rate at 0.9 of it, near the bottom."""
+    import math
+    import types
+
+    from aiayn.training import trainer as trainer_module
+
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    cfg = make_cfg(max_time_minutes=1.0 / 60, max_steps=0, lr_schedule=shape, lr=1e-3, min_lr=1e-5,
+                   warmup_steps=0, valid_every=0)
+    tr = _trainer(cfg, tmp_path, make_task(n=40))
+    real_step, lrs = tr.train_step, []
+
+    def timed_step(group):
+        out = real_step(group)  # the rate is read at the update's start
+        clock.now += 0.1
+        lrs.append(out.lr)
+        return out
+
+    tr.train_step = timed_step
+    assert tr.train()["stop_reason"] == "max_time"
+    def rate(share):
+        return 1e-5 + (1e-3 - 1e-5) * (0.5 * (1 + math.cos(math.pi * share)) if shape == "cosine" else 1 - share)
+
+    assert lrs == pytest.approx([rate(0.1 * k) for k in range(9)], rel=1e-9)
+    state = json.loads((ck.resolve_checkpoint(tmp_path) / "state.json").read_text())
+    assert state["scheduler"]["lr"] == pytest.approx(rate(0.9), rel=1e-9)
+
+
 def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
     import os
     import signal

@@ -8,13 +8,15 @@ batch.
 
 Exact resume: the data order is a function of (seed, epoch); a checkpoint stores the
 iterator position, optimizer, grad scaler, step (the learning rate is a pure function of
-it) and the Python/NumPy/torch RNG states (per process under torchrun), and validation
-runs under a forked RNG. A CPU fp32 run stopped at step N and resumed therefore ends at
+it), the elapsed time, and the Python/NumPy/torch RNG states (per process under torchrun),
+and validation runs under a forked RNG. A CPU fp32 run stopped at step N and resumed therefore ends at
 step 2N with the same weights, bit for bit, as a run that never stopped, provided the
 same torch build, thread count (``AIAYN_NUM_THREADS`` / ``OMP_NUM_THREADS``) and data and
 batching settings (``max_tokens``, ``max_tokens_mode``, ``update_freq``, ``seed``, number of
 processes) are used.
 Changing those on resume is allowed; training then continues, just not bit-identically.
+A decay over a time budget (``lr_schedule`` cosine/linear with ``max_steps`` 0) reads the
+clock, like any time-stopped run: it resumes where it was in the budget, not bit-identically.
 
 The trainer is handed its pieces (model, optimizer, batches, a validation BLEU scorer,
 stopping rules) and knows nothing of how they are built: :mod:`aiayn.recipes.train` does that.
@@ -150,7 +152,7 @@ class Trainer:
         loss_acc, nll_acc = self._backward(batches, total_tokens)
         loss_sum, nll_sum, n_sents, src_tokens, padded = all_reduce_sum(
             [loss_acc, nll_acc, local_sents, *_src_and_padded(batches)], self.dist, self.device)
-        lr = self.schedule(self.state.step + 1)
+        lr = self.schedule(self.state.step + 1, self.elapsed())
         set_lr(self.optimizer, lr)
         out = amp.apply_update(self.optimizer, self.scaler, self.params, self.tc.clip_norm,
                                math.isfinite(loss_sum), self.device)
@@ -206,7 +208,7 @@ class Trainer:
         step = self.state.step
         return dataclasses.replace(
             self.state, epoch=data["epoch"] if data else None, data=data,
-            scheduler={"kind": self.tc.lr_schedule, "step": step, "lr": self.schedule(max(step, 1))},
+            scheduler={"kind": self.tc.lr_schedule, "step": step, "lr": self.schedule(max(step, 1), self.elapsed())},
             rng=rng_per_rank[0] if rng_per_rank else ckpt_io.capture_rng_state(self.device),
             rng_per_rank=rng_per_rank if rng_per_rank and len(rng_per_rank) > 1 else None,
             world_size=self.dist.world_size,
@@ -359,7 +361,7 @@ class Trainer:
         if not run.trained or self._last_saved_step == self.state.step:
             return
         if run.interval.steps:
-            self._log_train(run, self.schedule(self.state.step))
+            self._log_train(run, self.schedule(self.state.step, self.elapsed()))
         is_best = False
         if run.has_valid and self.state.step != self._last_valid_step:
             is_best = self._agree([self._maybe_validate()])[0] and self.tc.keep_best
