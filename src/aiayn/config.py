@@ -328,6 +328,9 @@ class TrainConfig:
     lr_scale: float = 1.0  # multiplies the noam rate
     lr: float = 5e-4  # peak rate for inverse_sqrt / constant / cosine / linear
     min_lr: float = 0.0  # where cosine / linear end
+    # cosine / linear decay over the last decay_fraction of their horizon (after the warmup for
+    # max_steps, of the whole time budget for max_time_minutes), lr held before it; 1 = all of it.
+    decay_fraction: float = 1.0
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     label_smoothing: float = 0.1
@@ -405,6 +408,8 @@ class TrainConfig:
                               f"(or set max_steps 0 and max_time_minutes to decay over a time budget)")
         if not 0.0 <= self.min_lr < self.lr:
             raise ConfigError(f"{prefix}.min_lr: must be in [0, {prefix}.lr), got {self.min_lr}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ConfigError(f"{prefix}.decay_fraction: must be in (0, 1], got {self.decay_fraction}")
 
     def _validate_watching(self, prefix: str) -> None:
         """The loggers and early stopping."""

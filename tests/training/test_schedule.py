@@ -179,3 +179,32 @@ def test_decay_with_no_max_steps_runs_over_the_time_budget():
     assert schedule(20, 120.0) == 0.0
     stepped = make_schedule(dataclasses.replace(train, max_steps=100), 256)
     assert stepped(55, 90.0) == stepped(55, 0.0) == pytest.approx(0.5e-3)  # a step horizon ignores the clock
+
+
+@pytest.mark.parametrize(("step", "expected"), [
+    (50, 1e-3),                        # held at the peak before the last 20% of the updates
+    (82, 1e-3),                        # the decay starts at 10 + 0.8 * 90 updates
+    (91, 0.5 * (1e-3 + 1e-5)),         # half-way through the last 20%: half-way down
+    (100, 1e-5),
+])
+def test_warmup_stable_decay_over_updates(step, expected):
+    from aiayn.training.schedule import decay_lr
+    assert decay_lr(step, 1e-3, 10, 100, shape="cosine", min_lr=1e-5, fraction=0.2) == pytest.approx(expected)
+
+
+def test_warmup_stable_decay_over_the_time_budget_from_config():
+    """decay_fraction 0.25 of a 1-minute budget: lr held for 45 s, then a line down to min_lr."""
+    train = TrainConfig(lr_schedule="linear", lr=1e-3, min_lr=1e-5, warmup_steps=10, max_steps=0,
+                        max_time_minutes=1.0, decay_fraction=0.25)
+    train.validate()
+    schedule = make_schedule(train, 256)
+    assert [schedule(100, t) for t in (20.0, 45.0)] == [pytest.approx(1e-3)] * 2
+    assert schedule(100, 52.5) == pytest.approx(0.5 * (1e-3 + 1e-5))
+    assert schedule(100, 60.0) == pytest.approx(1e-5)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.5])
+def test_decay_fraction_must_be_a_share(fraction):
+    from aiayn.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"^train\.decay_fraction: must be in \(0, 1\]"):
+        TrainConfig(lr_schedule="cosine", max_steps=100, warmup_steps=10, decay_fraction=fraction).validate()

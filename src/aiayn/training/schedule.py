@@ -14,6 +14,8 @@ time budget, of the seconds trained so far).
   runs over ``train.max_time_minutes`` instead: the number of updates a time budget holds
   depends on the machine, so a step horizon ends too early on a fast CPU and leaves the rate
   high on a slow one; a time horizon reaches ``min_lr`` when the budget ends on either.
+  ``train.decay_fraction`` below 1 holds ``lr`` after the warmup and decays over only the
+  last share of the horizon (warmup-stable-decay, HF's ``get_wsd_schedule``).
 
 Update number ``step`` uses ``lr(step)``; step 0 is treated as step 1 (no zero rate).
 """
@@ -49,32 +51,38 @@ def constant_lr(step: int, peak_lr: float, warmup: int = 0, init_lr: float = 0.0
 
 
 def decay_lr(step: int, peak_lr: float, warmup: int, total: int, *, shape: str = "cosine",
-             init_lr: float = 0.0, min_lr: float = 0.0) -> float:
-    """Warmup to ``peak_lr``, then ``shape`` (cosine | linear) down to ``min_lr`` at ``total``."""
+             init_lr: float = 0.0, min_lr: float = 0.0, fraction: float = 1.0) -> float:
+    """Warmup to ``peak_lr``, then ``shape`` (cosine | linear) down to ``min_lr`` at ``total``
+    over the last ``fraction`` of the updates after the warmup, holding ``peak_lr`` before
+    them (fraction < 1: warmup-stable-decay)."""
     step = max(step, 1)
     if step < warmup:
         return constant_lr(step, peak_lr, warmup, init_lr)
     if step >= total:
         return min_lr
     progress = (step - warmup) / max(total - warmup, 1)
-    return min_lr + (peak_lr - min_lr) * _remaining(progress, shape)
+    return min_lr + (peak_lr - min_lr) * _remaining(progress, shape, fraction)
 
 
 def timed_decay_lr(step: int, elapsed: float, budget: float, peak_lr: float, warmup: int, *,
-                   shape: str = "cosine", init_lr: float = 0.0, min_lr: float = 0.0) -> float:
+                   shape: str = "cosine", init_lr: float = 0.0, min_lr: float = 0.0,
+                   fraction: float = 1.0) -> float:
     """Warmup to ``peak_lr`` over ``warmup`` updates, then ``shape`` down to ``min_lr`` as
-    ``elapsed`` seconds reach ``budget``. The decay is measured from the start of training
-    (the warmup's few minutes included), so the rate right after the warmup is already a
-    little under the peak: a cosine at 5% of the budget is at 99.4% of it."""
+    ``elapsed`` seconds reach ``budget``, over the budget's last ``fraction`` (``peak_lr``
+    before it). The decay is measured from the start of training (the warmup's few minutes
+    included), so with fraction 1 the rate right after the warmup is already a little under
+    the peak: a cosine at 5% of the budget is at 99.4% of it."""
     step = max(step, 1)
     if step < warmup:
         return constant_lr(step, peak_lr, warmup, init_lr)
     progress = min(max(elapsed / budget, 0.0), 1.0)
-    return min_lr + (peak_lr - min_lr) * _remaining(progress, shape)
+    return min_lr + (peak_lr - min_lr) * _remaining(progress, shape, fraction)
 
 
-def _remaining(progress: float, shape: str) -> float:
-    """The share of (peak - min) left at ``progress`` in [0, 1] of the decay."""
+def _remaining(progress: float, shape: str, fraction: float = 1.0) -> float:
+    """The share of (peak - min) left at ``progress`` in [0, 1] of the horizon, when the
+    decay takes its last ``fraction``."""
+    progress = max(progress - (1.0 - fraction), 0.0) / fraction
     return 0.5 * (1.0 + math.cos(math.pi * progress)) if shape == "cosine" else 1.0 - progress
 
 
@@ -100,7 +108,8 @@ def make_schedule(train: TrainConfig, d_model: int) -> Schedule:
             return constant_lr(step, train.lr, train.warmup_steps, train.warmup_init_lr)
         if train.max_steps == 0:  # a decay over the time budget
             return timed_decay_lr(step, elapsed, train.max_time_minutes * 60.0, train.lr, train.warmup_steps,
-                                  shape=kind, init_lr=train.warmup_init_lr, min_lr=train.min_lr)
+                                  shape=kind, init_lr=train.warmup_init_lr, min_lr=train.min_lr,
+                                  fraction=train.decay_fraction)
         return decay_lr(step, train.lr, train.warmup_steps, train.max_steps, shape=kind,
-                        init_lr=train.warmup_init_lr, min_lr=train.min_lr)
+                        init_lr=train.warmup_init_lr, min_lr=train.min_lr, fraction=train.decay_fraction)
     return schedule
