@@ -199,6 +199,7 @@ def test_decay_over_a_time_budget_follows_the_clock(make_cfg, make_task, tmp_pat
 
     tr.train_step = timed_step
     assert tr.train()["stop_reason"] == "max_time"
+
     def rate(share):
         return 1e-5 + (1e-3 - 1e-5) * (0.5 * (1 + math.cos(math.pi * share)) if shape == "cosine" else 1 - share)
 

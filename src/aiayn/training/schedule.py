@@ -56,12 +56,8 @@ def decay_lr(step: int, peak_lr: float, warmup: int, total: int, *, shape: str =
     over the last ``fraction`` of the updates after the warmup, holding ``peak_lr`` before
     them (fraction < 1: warmup-stable-decay)."""
     step = max(step, 1)
-    if step < warmup:
-        return constant_lr(step, peak_lr, warmup, init_lr)
-    if step >= total:
-        return min_lr
     progress = (step - warmup) / max(total - warmup, 1)
-    return min_lr + (peak_lr - min_lr) * _remaining(progress, shape, fraction)
+    return _warmed_decay(step, progress, peak_lr, warmup, shape, init_lr, min_lr, fraction)
 
 
 def timed_decay_lr(step: int, elapsed: float, budget: float, peak_lr: float, warmup: int, *,
@@ -72,18 +68,21 @@ def timed_decay_lr(step: int, elapsed: float, budget: float, peak_lr: float, war
     before it). The decay is measured from the start of training (the warmup's few minutes
     included), so with fraction 1 the rate right after the warmup is already a little under
     the peak: a cosine at 5% of the budget is at 99.4% of it."""
+    return _warmed_decay(step, elapsed / budget, peak_lr, warmup, shape, init_lr, min_lr, fraction)
+
+
+def _warmed_decay(step: int, progress: float, peak_lr: float, warmup: int, shape: str, init_lr: float,
+                  min_lr: float, fraction: float) -> float:
+    """The warmup by updates, then the rate at ``progress`` (0 to 1, ``min_lr`` past 1) of the horizon:
+    ``peak_lr`` until the decay's last ``fraction`` begins, then ``shape`` down to ``min_lr``."""
     step = max(step, 1)
     if step < warmup:
         return constant_lr(step, peak_lr, warmup, init_lr)
-    progress = min(max(elapsed / budget, 0.0), 1.0)
-    return min_lr + (peak_lr - min_lr) * _remaining(progress, shape, fraction)
-
-
-def _remaining(progress: float, shape: str, fraction: float = 1.0) -> float:
-    """The share of (peak - min) left at ``progress`` in [0, 1] of the horizon, when the
-    decay takes its last ``fraction``."""
+    if progress >= 1.0:
+        return min_lr
     progress = max(progress - (1.0 - fraction), 0.0) / fraction
-    return 0.5 * (1.0 + math.cos(math.pi * progress)) if shape == "cosine" else 1.0 - progress
+    remaining = 0.5 * (1.0 + math.cos(math.pi * progress)) if shape == "cosine" else 1.0 - progress
+    return min_lr + (peak_lr - min_lr) * remaining
 
 
 class Schedule(Protocol):
