@@ -208,6 +208,35 @@ def test_decay_over_a_time_budget_follows_the_clock(make_cfg, make_task, tmp_pat
     assert state["scheduler"]["lr"] == pytest.approx(rate(0.9), rel=1e-9)
 
 
+def test_a_rate_decaying_by_time_follows_the_ranks_mean_clock(make_cfg, make_task, monkeypatch):
+    """Under torchrun every rank applies the update itself, so the rate of a schedule that
+    decays by time must not come from each rank's own clock. A fake peer 30 s ahead of this
+    rank (its clock reads 10 s): the rate is the one at the mean, 25 s of a 60 s budget."""
+    import types
+
+    from aiayn.training import trainer as trainer_module
+    from aiayn.training.distributed import DistInfo
+
+    cfg = make_cfg(max_time_minutes=1.0, max_steps=0, lr_schedule="cosine", lr=1e-3, warmup_steps=0)
+    task = make_task(n=8)
+    tr = _trainer(cfg)
+    tr.dist = DistInfo(rank=0, world_size=2)  # no process group: the peer is simulated below
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    tr._t0 = clock.now - 10.0
+
+    def two_ranks(values, info, device):  # the sum with a peer whose clock is 30 s ahead
+        peer = list(values)
+        if len(values) > 2:  # the reduction after the backward pass ends with the clock
+            peer[-1] += 30.0
+        return [a + b for a, b in zip(values, peer)]
+
+    monkeypatch.setattr(trainer_module, "all_reduce_sum", two_ranks)
+    out = tr.train_step([_batch(task, range(8))])
+    assert out.lr == tr.schedule(1, 25.0)
+    assert tr.schedule(1, 25.0) < tr.schedule(1, 10.0)  # the two clocks give different rates
+
+
 def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
     import os
     import signal

@@ -150,9 +150,11 @@ class Trainer:
         local_sents = sum(int(b.src.size(0)) for b in batches)
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
         loss_acc, nll_acc = self._backward(batches, total_tokens)
-        loss_sum, nll_sum, n_sents, src_tokens, padded = all_reduce_sum(
-            [loss_acc, nll_acc, local_sents, *_src_and_padded(batches)], self.dist, self.device)
-        lr = self.schedule(self.state.step + 1, self.elapsed())
+        loss_sum, nll_sum, n_sents, src_tokens, padded, elapsed_sum = all_reduce_sum(
+            [loss_acc, nll_acc, local_sents, *_src_and_padded(batches), self.elapsed()], self.dist, self.device)
+        # Every rank applies the update itself, so a rate that decays by time must be the same
+        # on all of them: their mean clock, not each one's own (weights would drift apart).
+        lr = self.schedule(self.state.step + 1, elapsed_sum / self.dist.world_size)
         set_lr(self.optimizer, lr)
         out = amp.apply_update(self.optimizer, self.scaler, self.params, self.tc.clip_norm,
                                math.isfinite(loss_sum), self.device)
