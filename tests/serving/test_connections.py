@@ -26,20 +26,22 @@ BODY_TIMEOUT = 1.5
 ROOMY_HEADER_TIMEOUT = 4.0
 
 
+def _capped_server(serve_load: ModuleType, checkpoint: Path, header_timeout: float):
+    return serve_load.start_server(checkpoint, "--threads", "1", "--header-timeout", str(header_timeout),
+                                   "--body-timeout", str(BODY_TIMEOUT), "--max-connections", str(MAX_CONNECTIONS))
+
+
 @pytest.fixture(scope="module")
 def guarded(serve_load: ModuleType, tiny_checkpoint: Path) -> Iterator:
-    with serve_load.start_server(tiny_checkpoint, "--threads", "1", "--header-timeout", str(HEADER_TIMEOUT),
-                                 "--body-timeout", str(BODY_TIMEOUT),
-                                 "--max-connections", str(MAX_CONNECTIONS)) as srv:
+    with _capped_server(serve_load, tiny_checkpoint, HEADER_TIMEOUT) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def roomy(serve_load: ModuleType, tiny_checkpoint: Path) -> Iterator:
-    """The cap of ``guarded`` with a header timeout long enough that an idle connection is
-    still open when a test has waited past its evictable age, even on a starved CPU."""
-    with serve_load.start_server(tiny_checkpoint, "--threads", "1", "--header-timeout", str(ROOMY_HEADER_TIMEOUT),
-                                 "--max-connections", str(MAX_CONNECTIONS)) as srv:
+    """``guarded`` with a header timeout long enough that an idle connection is still open
+    when a test has waited past its evictable age, even on a starved CPU."""
+    with _capped_server(serve_load, tiny_checkpoint, ROOMY_HEADER_TIMEOUT) as srv:
         yield srv
 
 
@@ -161,7 +163,7 @@ def test_idle_clients_at_the_cap_make_room_for_a_real_one(roomy) -> None:
         with _connect(roomy.url) as early:
             status, body = _status_and_body(_read_all(early))
         assert (status, body["error"]) == (503, "too_many_connections")
-        # Past MIN_EVICTABLE_WAIT (a quarter) of the header timeout, and 2.4 s before the idle
+        # Past MIN_EVICTABLE_WAIT (a quarter) of the header timeout, and well before the idle
         # ones time out by themselves (then nothing would need evicting): room for a slow CPU.
         time.sleep(ROOMY_HEADER_TIMEOUT * 0.4)
         r = httpx.get(f"{roomy.url}/health", timeout=30)
