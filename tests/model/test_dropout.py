@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from aiayn.model.dropout import Dropout, drop_mask, dropout
+from aiayn.model.dropout import Dropout, dropout, keep_mask
 
 
 def test_drop_rate_and_scaling():
@@ -26,14 +26,48 @@ def test_gradient_uses_the_same_mask():
 
 def test_seeded_and_reproducible_and_uncorrelated_lanes():
     torch.manual_seed(5)
-    a = drop_mask(torch.Size([4000, 7]), 0.5, torch.device("cpu"))
+    a = keep_mask(torch.Size([4000, 7]), 0.5, torch.device("cpu"))
     torch.manual_seed(5)
-    b = drop_mask(torch.Size([4000, 7]), 0.5, torch.device("cpu"))
+    b = keep_mask(torch.Size([4000, 7]), 0.5, torch.device("cpu"))
     assert torch.equal(a, b)
     # the four 16-bit lanes of each 64-bit draw are independent: neighbours agree ~half the time
-    flat = a.flatten().float()
+    flat = a.flatten()
     agree = (flat[:-1] == flat[1:]).float().mean().item()
     assert abs(agree - 0.5) < 0.02
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5, 0.9, 1 / 65536, 3e-6, 1 - 3e-6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_keep_mask_is_the_comparison_of_the_same_draws(p: float, dtype: torch.dtype):
+    # Reference: an element is kept when its 16-bit uniform is at or above the threshold.
+    shape = torch.Size([301, 33])
+    torch.manual_seed(11)
+    draws = torch.empty((shape.numel() + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
+    u = draws.view(torch.int16)[: shape.numel()].view(shape).int()
+    expected = (u >= round(p * 65536) - 32768).to(dtype)
+    torch.manual_seed(11)
+    got = keep_mask(shape, p, torch.device("cpu"), dtype)
+    assert got.dtype == dtype and torch.equal(got, expected)
+    assert torch.randint(0, 1 << 30, ()).item() == _next_draw_after(11, shape)  # the stream advanced alike
+
+
+def _next_draw_after(seed: int, shape: torch.Size) -> int:
+    torch.manual_seed(seed)
+    torch.empty((shape.numel() + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
+    return int(torch.randint(0, 1 << 30, ()).item())
+
+
+def test_bf16_dropout_equals_scaling_the_kept_elements():
+    torch.manual_seed(2)
+    x = torch.randn(50, 40).bfloat16().requires_grad_()
+    torch.manual_seed(3)
+    y = dropout(x, 0.1)
+    torch.manual_seed(3)
+    keep = keep_mask(x.shape, 0.1, x.device, torch.bool)
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, torch.where(keep, x.detach() * (1 / 0.9), 0).bfloat16())
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, torch.where(keep, torch.ones_like(x) * (1 / 0.9), 0).bfloat16())
 
 
 def test_eval_and_p_zero_are_identity_and_module_matches_nn_dropout_interface():

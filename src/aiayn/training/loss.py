@@ -92,7 +92,7 @@ def projected_label_smoothed_loss(
         return _ProjectedLoss.apply(flat_h, weight, bias, flat_t, epsilon, ignore_index, chunk_rows, dtype)
 
 
-def _chunk_gradients(lp: Tensor, z: Tensor, w: Tensor, w32: Tensor, w_colsum: Tensor, hc: Tensor, tc: Tensor,
+def _chunk_gradients(z: Tensor, w: Tensor, w32: Tensor, w_colsum: Tensor, hc: Tensor, tc: Tensor,
                      keep: Tensor, coefs: tuple[float, float, float],
                      grads: tuple[Tensor, Tensor, Tensor | None, Tensor]) -> None:
     """Add one chunk's part of the gradients, in place: grad_h's rows of the chunk, grad_w,
@@ -101,7 +101,7 @@ def _chunk_gradients(lp: Tensor, z: Tensor, w: Tensor, w32: Tensor, w_colsum: Te
     grad_h_rows, grad_w, grad_b, h_sum = grads
     # The dense part of the gradient is c * softmax; the constant -eps_i and the
     # one-hot -a are rank-1 / sparse and are added below without touching (c, V).
-    p = torch.exp(lp, out=torch.empty_like(z))  # softmax, in the matmul dtype
+    p = torch.softmax(z, dim=-1)  # in the matmul dtype (accumulated in float32)
     kf = keep[:, None].to(torch.float32)
     gh = torch.mm(p, w).float().mul_(c)  # (c, D)
     if eps_i > 0:
@@ -148,15 +148,14 @@ class _ProjectedLoss(torch.autograd.Function):
             lp = torch.log_softmax(z, dim=-1, dtype=torch.float32)  # (c, V) float32
             lp_t = lp.gather(1, tc[:, None])[:, 0]
             nll_c = -lp_t
-            if eps_i > 0:  # sum_v(-log p_v) = V * lse - sum_v z_v, lse = z_0 - log p_0
-                lse = z[:, 0].float() - lp[:, 0]
-                loss_c = a * nll_c + eps_i * (vocab * lse - z.sum(-1, dtype=torch.float32))
+            if eps_i > 0:
+                loss_c = a * nll_c - eps_i * lp.sum(-1)
             else:
                 loss_c = nll_c
             loss += torch.where(keep, loss_c, 0.0).sum()
             nll += torch.where(keep, nll_c, 0.0).sum()
             if need_grad:
-                _chunk_gradients(lp, z, w, w32, w_colsum, hc, tc, keep, (a, c, eps_i),
+                _chunk_gradients(z, w, w32, w_colsum, hc, tc, keep, (a, c, eps_i),
                                  (grad_h[rows], grad_w, grad_b, h_sum))
         ctx.mark_non_differentiable(nll)
         if need_grad:
