@@ -38,9 +38,9 @@ $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "
 echo "== average the last $AVERAGE checkpoints"
 $AIAYN average "$RUN" --last "$AVERAGE" --out "$RUN/averaged"
 
-echo "== translate test_2016_flickr (beam 4, alpha 0.6)"
+echo "== translate test_2016_flickr (the config's decode section: beam 4, alpha 1.2)"
 $AIAYN translate --checkpoint "$RUN/averaged" --input "$PREPARED/test.src.txt" \
-    --output "$RUN/test.hyp.$TGT" --beam 4 --lenpen 0.6
+    --output "$RUN/test.hyp.$TGT"
 
 echo "== score (sacreBLEU)"
 $AIAYN evaluate --hyp "$RUN/test.hyp.$TGT" --ref "$PREPARED/test.tgt.txt" | tee "$RUN/test.score.txt"
