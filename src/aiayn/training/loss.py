@@ -149,7 +149,7 @@ class _ProjectedLoss(torch.autograd.Function):
             lp_t = lp.gather(1, tc[:, None])[:, 0]
             nll_c = -lp_t
             if eps_i > 0:
-                loss_c = a * nll_c - eps_i * lp.sum(-1)
+                loss_c = a * nll_c - eps_i * lp.sum(-1)  # eps_i * sum_v(-log p_v)
             else:
                 loss_c = nll_c
             loss += torch.where(keep, loss_c, 0.0).sum()
