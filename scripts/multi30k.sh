@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Multi30k end to end on this machine: prepare from a mirror folder, train, average the last
-# checkpoints, translate test_2016_flickr with beam 4, score with sacreBLEU.
+# checkpoints, translate test_2016_flickr with the config's decode options, score with sacreBLEU.
 #
 #   bash scripts/multi30k.sh                      # en -> de, mirror ../shared/data
 #   SRC=de TGT=en bash scripts/multi30k.sh        # de -> en (configs/multi30k_de_en.yaml)
@@ -38,7 +38,7 @@ $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "
 echo "== average the last $AVERAGE checkpoints"
 $AIAYN average "$RUN" --last "$AVERAGE" --out "$RUN/averaged"
 
-echo "== translate test_2016_flickr (the config's decode section: beam 4, alpha 1.2)"
+echo "== translate test_2016_flickr (the decode section of $CONFIG)"
 $AIAYN translate --checkpoint "$RUN/averaged" --input "$PREPARED/test.src.txt" \
     --output "$RUN/test.hyp.$TGT"
 

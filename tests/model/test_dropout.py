@@ -43,18 +43,13 @@ def test_keep_mask_is_the_comparison_of_the_same_draws(p: float, dtype: torch.dt
     shape = torch.Size([301, 33])
     torch.manual_seed(11)
     draws = torch.empty((shape.numel() + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
+    next_draw = torch.randint(0, 1 << 30, ()).item()
     u = draws.view(torch.int16)[: shape.numel()].view(shape).int()
     expected = (u >= round(p * 65536) - 32768).to(dtype)
     torch.manual_seed(11)
     got = keep_mask(shape, p, torch.device("cpu"), dtype)
     assert got.dtype == dtype and torch.equal(got, expected)
-    assert torch.randint(0, 1 << 30, ()).item() == _next_draw_after(11, shape)  # the stream advanced alike
-
-
-def _next_draw_after(seed: int, shape: torch.Size) -> int:
-    torch.manual_seed(seed)
-    torch.empty((shape.numel() + 3) // 4, dtype=torch.int64).random_(-(1 << 63), None)
-    return int(torch.randint(0, 1 << 30, ()).item())
+    assert torch.randint(0, 1 << 30, ()).item() == next_draw  # the stream advanced alike
 
 
 def test_bf16_dropout_equals_scaling_the_kept_elements():

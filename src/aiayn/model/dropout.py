@@ -10,7 +10,8 @@ multiple of 1/65,536 (0.1 -> 0.100006). The mask is kept as 0/1 in the activatio
 and applied by multiplication, never as a bool tensor: torch's CPU kernels that read bools
 (``masked_fill_``, ``where``) run several times slower than a multiplication. The stream
 comes from torch's generator, so ``torch.manual_seed`` and the checkpointed RNG state make
-runs and resumes reproducible exactly as with ``nn.Dropout``. On GPUs ``F.dropout`` (Philox, fused) is used unchanged.
+runs and resumes reproducible exactly as with ``nn.Dropout``. On GPUs ``F.dropout`` (Philox,
+fused) is used unchanged.
 """
 
 from __future__ import annotations

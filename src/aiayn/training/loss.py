@@ -101,6 +101,8 @@ def _chunk_gradients(z: Tensor, w: Tensor, w32: Tensor, w_colsum: Tensor, hc: Te
     grad_h_rows, grad_w, grad_b, h_sum = grads
     # The dense part of the gradient is c * softmax; the constant -eps_i and the
     # one-hot -a are rank-1 / sparse and are added below without touching (c, V).
+    # From the logits, not exp of the float32 log-probabilities the forward holds: reading
+    # the matmul-dtype logits once is cheaper than reading twice their bytes and converting.
     p = torch.softmax(z, dim=-1)  # in the matmul dtype (accumulated in float32)
     kf = keep[:, None].to(torch.float32)
     gh = torch.mm(p, w).float().mul_(c)  # (c, D)
