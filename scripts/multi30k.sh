@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Multi30k end to end on this machine: prepare from a mirror folder, train, average the last
-# checkpoints, translate test_2016_flickr with the config's decode options, score with sacreBLEU.
+# Multi30k end to end on this machine: prepare from a mirror folder, train MEMBERS models side
+# by side (seeds 1..MEMBERS, the CPU threads split between them), average the last checkpoints
+# of each, translate test_2016_flickr with their ensemble and the config's decode options,
+# score with sacreBLEU.
 #
-#   bash scripts/multi30k.sh                      # en -> de, mirror ../shared/data
+#   bash scripts/multi30k.sh                      # en -> de, mirror ../shared/data, 2 members
 #   SRC=de TGT=en bash scripts/multi30k.sh        # de -> en (configs/multi30k_de_en.yaml)
 #   CONFIG=configs/multi30k_de_en.yaml bash scripts/multi30k.sh   # the same: languages from the config
+#   MEMBERS=1 bash scripts/multi30k.sh            # one model on all the threads, no ensemble
 #   DATA_DIR=/path/to/mirror RUN=runs/x bash scripts/multi30k.sh train.max_time_minutes=10
 #
-# Extra arguments are config overrides passed to `aiayn train`.
+# Extra arguments are config overrides passed to `aiayn train` (with several members, each
+# member's train.seed comes after them). Why two members: on 2 cores two 1-thread trainings
+# make more updates between them than one 2-thread training, and on val the ensemble of two
+# models scores above their mean in every pair measured (docs/benchmarks.md, "Multi30k end
+# to end").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The config's data section (one "key: value" line each, as in configs/) names the languages.
@@ -26,20 +33,60 @@ DATA_DIR=${DATA_DIR:-../shared/data}
 PREPARED=${PREPARED:-data-bin/multi30k.${SRC}-${TGT}}
 RUN=${RUN:-runs/multi30k.${SRC}-${TGT}}
 AVERAGE=${AVERAGE:-5}
+MEMBERS=${MEMBERS:-2}
+[[ "$MEMBERS" =~ ^[1-9][0-9]*$ ]] || { echo "multi30k.sh: MEMBERS=$MEMBERS: give a whole number of models, 1 or more" >&2; exit 2; }
 AIAYN=${AIAYN:-.venv/bin/aiayn}
 [ -x "$AIAYN" ] || AIAYN=aiayn
 
 echo "== prepare $SRC -> $TGT ($CONFIG, mirror $DATA_DIR)"
 $AIAYN prepare --config "$CONFIG" --data-dir "$DATA_DIR" --out "$PREPARED"
 
-echo "== train ($RUN)"
-$AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@"
+# A member's run directory: RUN itself for one model, RUN/memberK for several.
+member_dir() { if [ "$MEMBERS" = 1 ]; then echo "$RUN"; else echo "$RUN/member$1"; fi; }
 
-echo "== average the last $AVERAGE checkpoints"
-$AIAYN average "$RUN" --last "$AVERAGE" --out "$RUN/averaged"
+if [ "$MEMBERS" = 1 ]; then
+    echo "== train ($RUN)"
+    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@"
+else
+    THREADS=${AIAYN_NUM_THREADS:-$(nproc)}
+    PER=$(( THREADS / MEMBERS > 0 ? THREADS / MEMBERS : 1 ))
+    # A mistake in the overrides: one message and exit 2 here, before any member starts.
+    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@" --print-config > /dev/null
+    mkdir -p "$RUN"
+    # An interrupted or failed run stops every member.
+    trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+    trap 'exit 130' INT TERM
+    for k in $(seq 1 "$MEMBERS"); do
+        log="$RUN/member$k.log"
+        [ "$k" = 1 ] && log="this terminal"
+        echo "== train member $k of $MEMBERS ($(member_dir "$k"), $PER threads, train.seed=$k; output: $log)"
+        (
+            [ "$k" = 1 ] || exec > "$log" 2>&1
+            AIAYN_NUM_THREADS=$PER exec $AIAYN train --config "$CONFIG" --run-dir "$(member_dir "$k")" \
+                "data.prepared_dir=$PREPARED" "$@" "train.seed=$k"
+        ) &
+    done
+    for _ in $(seq 1 "$MEMBERS"); do
+        wait -n && continue
+        status=$?
+        echo "multi30k.sh: a member's training failed (exit $status): member 1 writes above," \
+             "member K to $RUN/memberK.log" >&2
+        exit "$status"
+    done
+    trap - EXIT
+fi
 
-echo "== translate test_2016_flickr (the decode section of $CONFIG)"
-$AIAYN translate --checkpoint "$RUN/averaged" --input "$PREPARED/test.src.txt" \
+CHECKPOINTS=()
+for k in $(seq 1 "$MEMBERS"); do
+    echo "== average the last $AVERAGE checkpoints of $(member_dir "$k")"
+    $AIAYN average "$(member_dir "$k")" --last "$AVERAGE" --out "$(member_dir "$k")/averaged"
+    CHECKPOINTS+=("$(member_dir "$k")/averaged")
+done
+ENSEMBLE=()
+[ "$MEMBERS" = 1 ] || ENSEMBLE=(--ensemble)
+
+echo "== translate test_2016_flickr (${#CHECKPOINTS[@]} model(s); the decode section of $CONFIG)"
+$AIAYN translate --checkpoint "${CHECKPOINTS[@]}" "${ENSEMBLE[@]}" --input "$PREPARED/test.src.txt" \
     --output "$RUN/test.hyp.$TGT"
 
 echo "== score (sacreBLEU)"

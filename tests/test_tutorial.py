@@ -94,7 +94,7 @@ def bash(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_every_code_block_is_run_and_every_config_exists() -> None:
     text = TUTORIAL.read_text(encoding="utf-8")
     assert set(re.findall(r"^```(\w*)$", text, flags=re.MULTILINE)) == {"bash", "python", ""}
-    assert len(blocks("bash", {})) == 6 and len(blocks("python", {})) == 1
+    assert len(blocks("bash", {})) == 7 and len(blocks("python", {})) == 1
     for config in set(re.findall(r"configs/\w+\.yaml", text)):
         assert (REPO / config).is_file(), config
 
@@ -108,6 +108,9 @@ def test_the_commands(tmp_path: Path) -> None:
     assert "done (max_steps): step 30" in proc.stderr
     hyps = (tmp_path / "runs/mine/test.hyp.de").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == HELD_OUT
+    # The ensemble of the two seeds translated every line too, not as either model alone.
+    ensemble = (tmp_path / "runs/mine/test.ens.hyp.de").read_text(encoding="utf-8").splitlines()
+    assert len(ensemble) == HELD_OUT and ensemble != hyps
     assert re.search(r"^BLEU = \d+\.\d ", proc.stdout, flags=re.MULTILINE)
 
 

@@ -129,7 +129,8 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
 
     from aiayn.inference.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
+    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype,
+                                            ensemble=args.ensemble)
     sources, streams, what, tgt = sources_and_references(args, translator)
     overrides = options.decode_overrides(args)
     with tqdm(total=len(sources), unit="sent", file=sys.stderr, disable=args.quiet, desc="translate") as bar:

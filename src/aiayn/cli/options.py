@@ -69,12 +69,18 @@ def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def add_checkpoint(container: Container, *, several: bool = True, required: bool = True,
                    purpose: str | None = None) -> None:
-    """``--checkpoint PATH`` (``several``: one or more, their weights averaged)."""
+    """``--checkpoint PATH`` (``several``: one or more, their weights averaged, or with
+    ``--ensemble`` their models ensembled; pass ``args.ensemble`` on to ``from_checkpoint``)."""
     text = f"{purpose}: {CHECKPOINT_HELP}" if purpose else CHECKPOINT_HELP
     if several:
-        text += "; several paths: their weights are averaged"
+        text += "; several paths: their weights are averaged (see --ensemble)"
     container.add_argument("--checkpoint", required=required, nargs="+" if several else None, metavar="PATH",
                            help=text)
+    if several:
+        container.add_argument("--ensemble", action="store_true",
+                               help="decode with the ensemble of the --checkpoint models (the mean of their "
+                                    "probabilities at each step; they must share one tokenizer) instead of "
+                                    "averaging their weights: for models trained apart, e.g. other seeds")
 
 
 def add_ctranslate2(container: Container) -> None:

@@ -82,7 +82,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "translate", help="translate text with a checkpoint (beam search)",
         description="Translate a file or standard input with a trained checkpoint. Several "
-                    "--checkpoint paths are averaged (element-wise mean of their weights).",
+                    "--checkpoint paths are averaged (element-wise mean of their weights), or with --ensemble "
+                    "decoded as an ensemble (the mean of their probabilities at each step).",
         epilog=FORMAT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
     p.add_argument("--input", "-i", default="-", help="input file (plain or .gz), or - for stdin (default)")
@@ -251,7 +252,7 @@ class _Job:
         # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
         self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
         self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=args.dtype,
-                                                     compile=args.compile)
+                                                     compile=args.compile, ensemble=args.ensemble)
         self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
         self.where = "<stdin>" if args.input == "-" else args.input
         self.stream = _is_stream(args.input)
@@ -288,7 +289,7 @@ class _Job:
         a = self.args
         flags = {"--format": a.format, "--scores": a.scores, "--alignment": a.alignment, "--truncate": a.truncate,
                  "--on-invalid-utf8": a.on_invalid_utf8, "--chunk-size": a.chunk_size, "--dtype": a.dtype,
-                 "--compile": a.compile, "--device": self.translator.device.type}
+                 "--compile": a.compile, "--ensemble": a.ensemble, "--device": self.translator.device.type}
         return {"input": scan.sha256, "--prefix-file": prefix.sha256 if prefix else None,
                 "--checkpoint": streaming.checkpoint_identity(self.checkpoints),
                 **{f"decode.{k}": v for k, v in to_dict(self.cfg).items()}, **flags}

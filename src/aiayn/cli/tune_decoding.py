@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
 
     _check_args(args)
     _check_split(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
+    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype,
+                                            ensemble=args.ensemble)
     sources, streams, what, tgt = _texts(args, translator)
     fixed = options.decode_overrides(args)
     with tqdm(total=len(sources) * searches(args.beams, args.lenpens), unit="sent", file=sys.stderr, disable=args.quiet,

@@ -4,6 +4,7 @@
 keys/values computed once, self-attention keys/values cached, one position per step.
 :class:`RecomputingDecoder` reruns the whole teacher-forced decoder at every step; it is
 slow and exists as the reference that the cache is tested against.
+:class:`EnsembleDecoder` runs several of them as one model (an ensemble of checkpoints).
 
 Both run a :class:`~aiayn.inference.prepare.PreparedModel` (a plain Transformer given to
 them is prepared as it is: same device and dtype) and end each step with its vocabulary
@@ -13,12 +14,15 @@ projection, so the two compute the same numbers in every precision, int8 include
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from aiayn.errors import ConfigError
 from aiayn.inference.prepare import PreparedModel, prepare_for_inference
 from aiayn.model import KVCache, Transformer
 
@@ -98,3 +102,44 @@ class RecomputingDecoder:
     def reorder(self, state: _FullState, index: Tensor, same_sources: bool = False) -> _FullState:
         return _FullState(state.memory.index_select(0, index), state.src_mask.index_select(0, index),
                           state.tokens.index_select(0, index))
+
+
+class EnsembleDecoder:
+    """Several decoders (one per model) searched as one: each step's distribution is the mean
+    of the members' probabilities, returned as its log (as fairseq's ensemble does); with
+    ``need_attn``, the cross-attention is the mean of the members'.
+
+    The members must share the target vocabulary (the caller checks the tokenizers); their
+    architectures may differ, except that averaging attention needs the same layers and heads.
+    """
+
+    def __init__(self, members: Sequence[Any]) -> None:
+        if not members:
+            raise ValueError("an ensemble needs at least one model")
+        self.members = list(members)
+        limits = [m.max_steps for m in self.members if m.max_steps is not None]
+        self.max_steps = min(limits) if limits else None
+
+    def init_state(self, src: Tensor, max_steps: int) -> list[Any]:
+        return [m.init_state(src, max_steps) for m in self.members]
+
+    def step(self, tokens: Tensor, state: list[Any], need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+        outputs = [m.step(tokens, s, need_attn) for m, s in zip(self.members, state)]
+        # float32, as the search itself normalises: the scores accumulate over many steps.
+        log_probs = torch.stack([torch.log_softmax(logits.float(), dim=-1) for logits, _ in outputs])
+        mean = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # log of the mean probability
+        return mean, (_mean_attention([a for _, a in outputs]) if need_attn else None)
+
+    def reorder(self, state: list[Any], index: Tensor, same_sources: bool = False) -> list[Any]:
+        return [m.reorder(s, index, same_sources) for m, s in zip(self.members, state)]
+
+
+def _mean_attention(weights: list[Tensor | None]) -> Tensor | None:
+    if any(w is None for w in weights):
+        return None
+    shapes = {tuple(w.shape) for w in weights if w is not None}
+    if len(shapes) > 1:
+        raise ConfigError("attention of an ensemble: its models have different numbers of layers or heads "
+                          f"({', '.join(str(s[1:-1]) for s in sorted(shapes))}), so their weights cannot be "
+                          "averaged; ask for attention from one model")
+    return torch.stack([w.float() for w in weights if w is not None]).mean(dim=0)

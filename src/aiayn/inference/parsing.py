@@ -106,12 +106,13 @@ class Parser:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "cpu",
-                        dtype: str = "fp32") -> Parser:
+                        dtype: str = "fp32", ensemble: bool = False) -> Parser:
         """Load a parsing checkpoint (trained with ``configs/ptb_parsing.yaml``).
 
         Args:
             path: What [Translator.from_checkpoint][aiayn.inference.translator.Translator.from_checkpoint]
                 accepts; several paths: their weights are averaged.
+            ensemble: Several paths: parse with the ensemble of their models instead.
             device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
             dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
 
@@ -132,7 +133,7 @@ class Parser:
             tree_to_string(result.tree)  # "(S (NP (XX Ms.) (XX Haag)) (VP (XX plays) ...) (XX .))"
             ```
         """
-        parser = cls(Translator.from_checkpoint(path, device=device, dtype=dtype))
+        parser = cls(Translator.from_checkpoint(path, device=device, dtype=dtype, ensemble=ensemble))
         try:
             _ = parser.tree_vocab  # read once here: a checkpoint that is not a parser fails at load
         except ValueError:

@@ -10,8 +10,11 @@ back in input order. Text crosses the model boundary only through the checkpoint
 tokenizer, both ways (``encode_src`` in, ``decode_tgt`` out).
 
 Several checkpoint paths are *averaged* (element-wise mean of the weights, as ``aiayn
-average`` writes and as the paper does with its last 5 or 20 checkpoints, section 6.1),
-not ensembled: one model, one decoder pass per step, the speed of a single model.
+average`` writes and as the paper does with its last 5 or 20 checkpoints, section 6.1):
+one model, one decoder pass per step, the speed of a single model. With ``ensemble=True``
+they are *ensembled* instead: each step runs every model and searches the mean of their
+probabilities (``aiayn.inference.adapters.EnsembleDecoder``), n passes per step, for
+models trained apart (other seeds) whose weights cannot be averaged meaningfully.
 
 Decoding options (beam, lenpen, max_len_a, ...) default to the checkpoint's ``decode``
 section; any :class:`~aiayn.config.DecodeConfig` field can be overridden per call.
@@ -32,7 +35,7 @@ from aiayn.checkpoint import io as ckpt_io
 from aiayn.checkpoint.average import average_weights
 from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.inference.adapters import IncrementalDecoder
+from aiayn.inference.adapters import EnsembleDecoder, IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder
 from aiayn.inference.constraints import Constraint
 from aiayn.inference.prepare import prepare_for_inference
@@ -130,10 +133,14 @@ class Translator:
     computed in float32. With ``compile=True`` the decoding steps run a graph compiled by
     ``torch.compile`` (``aiayn.inference.compiled``): the first batches of each shape family
     take tens of seconds to compile, later ones run faster (docs/benchmarks.md).
+
+    ``model`` may be a list of models sharing ``tokenizer``: they are decoded as an ensemble
+    (``self.models`` holds their inference copies, ``self.model`` the first).
     """
 
-    def __init__(self, model: Transformer, tokenizer: Any, config: Config | DecodeConfig | None = None,
-                 device: str | torch.device = "cpu", dtype: str = "fp32", compile: bool = False) -> None:
+    def __init__(self, model: Transformer | Sequence[Transformer], tokenizer: Any,
+                 config: Config | DecodeConfig | None = None, device: str | torch.device = "cpu",
+                 dtype: str = "fp32", compile: bool = False) -> None:
         if config is None:
             config = Config()
         elif isinstance(config, DecodeConfig):
@@ -145,35 +152,46 @@ class Translator:
         half = resolve_dtype(dtype, self.device)
         autocast = half if half is torch.bfloat16 and BF16_MODE == "autocast" else None
         weights = torch.int8 if dtype == "int8" else (None if autocast is not None else half)
-        # Counted on the trained model: an int8 copy keeps its weights outside nn.Parameters.
-        self.parameters = count_parameters(model)
-        prepared = prepare_for_inference(model.to(self.device).eval(), dtype=weights)
-        self.model = prepared.model
-        self.decoder = (CompiledDecoder if compile else IncrementalDecoder)(prepared, autocast=autocast)
-        self.max_src_len: int | None = getattr(model.src_positions, "max_positions", None)
+        trained = [model] if isinstance(model, Transformer) else list(model)
+        if not trained:
+            raise ConfigError("no model given")
+        # Counted on the trained models (an int8 copy keeps its weights outside nn.Parameters);
+        # an ensemble's are the sums over its models.
+        counts = [count_parameters(m) for m in trained]
+        self.parameters = {key: sum(c[key] for c in counts) for key in counts[0]}
+        step = CompiledDecoder if compile else IncrementalDecoder
+        decoders = [step(prepare_for_inference(m.to(self.device).eval(), dtype=weights), autocast=autocast)
+                    for m in trained]
+        self.models = [d.model for d in decoders]
+        self.model = self.models[0]
+        self.decoder: Any = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+        limits = [n for m in trained if (n := getattr(m.src_positions, "max_positions", None)) is not None]
+        self.max_src_len: int | None = min(limits) if limits else None
 
     # --------------------------------------------------------------- construction
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "cpu",
-                        dtype: str = "fp32", compile: bool = False) -> Translator:
+                        dtype: str = "fp32", compile: bool = False, ensemble: bool = False) -> Translator:
         """Load a checkpoint: its model, tokenizer and decoding defaults.
 
         Args:
             path: A checkpoint directory, a run directory (its last checkpoint) or a
                 ``last``/``best`` pointer file. Several paths: their weights are averaged;
                 the configuration and tokenizer come from the last one, and all must have
-                the same model configuration.
+                the same model configuration (with ``ensemble``: the same tokenizer).
             device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (a GPU if there is one).
             dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
             compile: Run the decoding steps compiled (``torch.compile``; see the class).
+            ensemble: Decode with the ensemble of the paths' models (the mean of their
+                probabilities at each step) instead of averaging their weights.
 
         Returns:
             The translator, its model in eval mode on ``device``.
 
         Raises:
-            CheckpointError: A missing, incomplete or corrupted checkpoint, or one saved
-                without its tokenizer.
+            CheckpointError: A missing, incomplete or corrupted checkpoint, one saved
+                without its tokenizer, or an ensemble whose tokenizers differ.
             ConfigError: A device or dtype that this machine does not have.
 
         Example:
@@ -184,10 +202,14 @@ class Translator:
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         if not paths:
             raise CheckpointError("no checkpoint given")
-        loaded = ckpt_io.load_checkpoint(paths[-1], device="cpu")
-        if loaded.tokenizer is None:
-            raise CheckpointError(f"{loaded.path}: the checkpoint has no tokenizer/ directory, so "
-                                  "text cannot be encoded; save it with its tokenizer")
+        if ensemble:
+            members = [_load_with_tokenizer(p) for p in paths]
+            _check_same_tokenizer(members)
+            loaded = members[-1]
+            log.info("loaded an ensemble of %s (%s)", ", ".join(str(p) for p in paths), loaded.tokenizer)
+            return cls([m.model for m in members], loaded.tokenizer, loaded.config, device=device, dtype=dtype,
+                       compile=compile)
+        loaded = _load_with_tokenizer(paths[-1])
         if len(paths) > 1:
             _load_average(loaded.model, paths)
         log.info("loaded %s (%s)", ", ".join(str(p) for p in paths), loaded.tokenizer)
@@ -349,6 +371,24 @@ def _pad(seqs: list[list[int]]) -> Tensor:
     for r, s in enumerate(seqs):
         out[r, :len(s)] = torch.tensor(s, dtype=torch.long)
     return out
+
+
+def _load_with_tokenizer(path: str | Path) -> ckpt_io.LoadedCheckpoint:
+    loaded = ckpt_io.load_checkpoint(path, device="cpu")
+    if loaded.tokenizer is None:
+        raise CheckpointError(f"{loaded.path}: the checkpoint has no tokenizer/ directory, so "
+                              "text cannot be encoded; save it with its tokenizer")
+    return loaded
+
+
+def _check_same_tokenizer(members: Sequence[ckpt_io.LoadedCheckpoint]) -> None:
+    """An ensemble adds up probabilities id by id: its models must share one vocabulary."""
+    last = members[-1]
+    for member in members[:-1]:
+        assert member.tokenizer is not None and last.tokenizer is not None  # _load_with_tokenizer
+        if member.tokenizer.model_bytes() != last.tokenizer.model_bytes():
+            raise CheckpointError(f"{member.path} and {last.path}: different tokenizers; the models of an "
+                                  "ensemble must share one SentencePiece vocabulary")
 
 
 def _load_average(model: Transformer, paths: Sequence[str | Path]) -> None:
