@@ -205,3 +205,26 @@ def test_cli_ensemble_flag(run_cli, tiny_checkpoint: Path, second_checkpoint: Pa
                               "--ensemble", "--input", str(src)])
     assert code == 2 and out == b""
     assert "different tokenizers" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "tune-decoding", "parse"])
+def test_every_command_taking_several_checkpoints_passes_ensemble_on(
+        run_cli, monkeypatch: pytest.MonkeyPatch, tiny_checkpoint: Path, english: list[str], tmp_path: Path,
+        command: str) -> None:
+    src, ref = tmp_path / "in.txt", tmp_path / "ref.txt"
+    src.write_text("\n".join(english[:2]) + "\n", encoding="utf-8")
+    ref.write_text("ein mann\nein hund\n", encoding="utf-8")
+    extra = {"translate": [], "evaluate": ["--ref", str(ref)], "parse": [],
+             "tune-decoding": ["--ref", str(ref), "--beams", "1", "--lenpens", "1.0"]}[command]
+    seen: list[bool] = []
+    load = Translator.from_checkpoint.__func__  # type: ignore[attr-defined]
+
+    def spy(cls, path, *args, **kwargs):
+        seen.append(kwargs.get("ensemble", False))
+        return load(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(Translator, "from_checkpoint", classmethod(spy))
+    for flag in ([], ["--ensemble"]):
+        run_cli([command, "--checkpoint", str(tiny_checkpoint), str(tiny_checkpoint), *flag,
+                 "--input", str(src), "--max-len-b", "3", *extra])
+    assert seen == [False, True]  # (parse then refuses the checkpoint: not a parser)
