@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Multi30k end to end on this machine: prepare from a mirror folder, train MEMBERS models side
-# by side (seeds 1..MEMBERS, the CPU threads split between them), average the last checkpoints
-# of each, translate test_2016_flickr with their ensemble and the config's decode options,
-# score with sacreBLEU.
+# by side (seeds SEED, SEED+1, ...: 1 and 2 by default; the CPU threads split between them),
+# average the last checkpoints of each, translate test_2016_flickr with their ensemble and the
+# config's decode options, score with sacreBLEU.
 #
 #   bash scripts/multi30k.sh                      # en -> de, mirror ../shared/data, 2 members
 #   SRC=de TGT=en bash scripts/multi30k.sh        # de -> en (configs/multi30k_de_en.yaml)
 #   CONFIG=configs/multi30k_de_en.yaml bash scripts/multi30k.sh   # the same: languages from the config
 #   MEMBERS=1 bash scripts/multi30k.sh            # one model on all the threads, no ensemble
+#   SEED=3 bash scripts/multi30k.sh               # members with seeds 3 and 4 instead of 1 and 2
 #   DATA_DIR=/path/to/mirror RUN=runs/x bash scripts/multi30k.sh train.max_time_minutes=10
 #
 # Extra arguments are config overrides passed to `aiayn train` (with several members, each
-# member's train.seed comes after them). Why two members: on 2 cores two 1-thread trainings
-# make more updates between them than one 2-thread training, and on val the ensemble of two
-# models scores above their mean in every pair measured (docs/benchmarks.md, "Multi30k end
-# to end").
+# member's seed comes after them; with MEMBERS=1, SEED only if given). Why two members: on 2
+# cores two 1-thread trainings make more updates between them than one 2-thread training, and
+# on val the ensemble of two models scores above their mean in every pair measured
+# (docs/benchmarks.md, "Multi30k end to end").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The config's data section (one "key: value" line each, as in configs/) names the languages.
@@ -35,6 +36,10 @@ RUN=${RUN:-runs/multi30k.${SRC}-${TGT}}
 AVERAGE=${AVERAGE:-5}
 MEMBERS=${MEMBERS:-2}
 [[ "$MEMBERS" =~ ^[1-9][0-9]*$ ]] || { echo "multi30k.sh: MEMBERS=$MEMBERS: give a whole number of models, 1 or more" >&2; exit 2; }
+SEED_GIVEN=()
+[ -z "${SEED:-}" ] || SEED_GIVEN=("train.seed=$SEED")
+SEED=${SEED:-1}
+[[ "$SEED" =~ ^[0-9]+$ ]] || { echo "multi30k.sh: SEED=$SEED: give a whole number, the first member's seed" >&2; exit 2; }
 AIAYN=${AIAYN:-.venv/bin/aiayn}
 [ -x "$AIAYN" ] || AIAYN=aiayn
 
@@ -46,7 +51,7 @@ member_dir() { if [ "$MEMBERS" = 1 ]; then echo "$RUN"; else echo "$RUN/member$1
 
 if [ "$MEMBERS" = 1 ]; then
     echo "== train ($RUN)"
-    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@"
+    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@" "${SEED_GIVEN[@]}"
 else
     THREADS=${AIAYN_NUM_THREADS:-$(nproc)}
     PER=$(( THREADS / MEMBERS > 0 ? THREADS / MEMBERS : 1 ))
@@ -59,11 +64,12 @@ else
     for k in $(seq 1 "$MEMBERS"); do
         log="$RUN/member$k.log"
         [ "$k" = 1 ] && log="this terminal"
-        echo "== train member $k of $MEMBERS ($(member_dir "$k"), $PER threads, train.seed=$k; output: $log)"
+        seed=$(( SEED + k - 1 ))
+        echo "== train member $k of $MEMBERS ($(member_dir "$k"), $PER threads, train.seed=$seed; output: $log)"
         (
             [ "$k" = 1 ] || exec > "$log" 2>&1
             AIAYN_NUM_THREADS=$PER exec $AIAYN train --config "$CONFIG" --run-dir "$(member_dir "$k")" \
-                "data.prepared_dir=$PREPARED" "$@" "train.seed=$k"
+                "data.prepared_dir=$PREPARED" "$@" "train.seed=$seed"
         ) &
     done
     for _ in $(seq 1 "$MEMBERS"); do

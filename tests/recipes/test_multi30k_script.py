@@ -1,5 +1,6 @@
 """scripts/multi30k.sh refuses bad settings with one line and exit 2, before any training
-starts (the end-to-end run itself is the slow test beside this file)."""
+starts, and runs its members as documented (seen through an `aiayn` that records its calls;
+the end-to-end run itself is the slow test beside this file)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ def test_members_must_be_a_whole_number(tmp_path: Path, members: str) -> None:
     assert not (tmp_path / "data-bin").exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("seed", ["x", "-3", "1.5"])
+def test_seed_must_be_a_whole_number(tmp_path: Path, seed: str) -> None:
+    proc = _script(tmp_path, SEED=seed)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"multi30k.sh: SEED={seed}: give a whole number, the first member's seed"]
+    assert not (tmp_path / "data-bin").exists() and not (tmp_path / "run").exists()
+
+
 def test_a_bad_override_stops_before_the_members_start(tmp_path: Path) -> None:
     if not (MIRROR / "multi30k").is_dir():
         pytest.skip(f"no multi30k at {MIRROR} (set AIAYN_DATA_MIRROR)")
@@ -38,3 +48,44 @@ def test_a_bad_override_stops_before_the_members_start(tmp_path: Path) -> None:
     assert len(errors) == 1 and "train.max_stepz" in errors[0], proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()  # no member was started
+
+
+def _fake_aiayn(tmp_path: Path) -> dict[str, str]:
+    """An `aiayn` that only records its calls (with its thread setting), one line each."""
+    fake = tmp_path / "aiayn"
+    fake.write_text('#!/usr/bin/env bash\necho "threads=${AIAYN_NUM_THREADS:-} $*" >> "$CALLS"\n')
+    fake.chmod(0o755)
+    return {"AIAYN": str(fake), "CALLS": str(tmp_path / "calls.txt"), "AIAYN_NUM_THREADS": "4"}
+
+
+def _calls(tmp_path: Path, command: str) -> list[str]:
+    lines = (tmp_path / "calls.txt").read_text().splitlines()
+    return [line for line in lines if line.split(" ")[1] == command and "--print-config" not in line]
+
+
+def test_members_train_side_by_side_with_their_seeds_and_translate_as_one(tmp_path: Path) -> None:
+    proc = _script(tmp_path, "train.max_steps=9", SEED="3", **_fake_aiayn(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    run, prep, config = tmp_path / "run", tmp_path / "data-bin", "configs/multi30k_en_de.yaml"
+    assert sorted(_calls(tmp_path, "train")) == [
+        f"threads=2 train --config {config} --run-dir {run}/member{k} data.prepared_dir={prep} train.max_steps=9 "
+        f"train.seed={k + 2}" for k in (1, 2)]
+    assert _calls(tmp_path, "average") == [f"threads=4 average {run}/member{k} --last 5 --out {run}/member{k}/averaged"
+                                           for k in (1, 2)]
+    assert _calls(tmp_path, "translate") == [
+        f"threads=4 translate --checkpoint {run}/member1/averaged {run}/member2/averaged --ensemble "
+        f"--input {prep}/test.src.txt --output {run}/test.hyp.de"]
+
+
+@pytest.mark.parametrize("seed", [None, "5"])
+def test_one_member_is_the_single_model_recipe(tmp_path: Path, seed: str | None) -> None:
+    env = {**_fake_aiayn(tmp_path), "MEMBERS": "1", **({"SEED": seed} if seed else {})}
+    (tmp_path / "run").mkdir()  # what the real `aiayn train` makes, for the score's file
+    proc = _script(tmp_path, "train.max_steps=9", **env)
+    assert proc.returncode == 0, proc.stderr
+    run, prep = tmp_path / "run", tmp_path / "data-bin"
+    assert _calls(tmp_path, "train") == [
+        f"threads=4 train --config configs/multi30k_en_de.yaml --run-dir {run} data.prepared_dir={prep} "
+        f"train.max_steps=9" + (f" train.seed={seed}" if seed else "")]
+    assert _calls(tmp_path, "translate") == [
+        f"threads=4 translate --checkpoint {run}/averaged --input {prep}/test.src.txt --output {run}/test.hyp.de"]
