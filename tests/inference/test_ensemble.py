@@ -228,3 +228,12 @@ def test_every_command_taking_several_checkpoints_passes_ensemble_on(
         run_cli([command, "--checkpoint", str(tiny_checkpoint), str(tiny_checkpoint), *flag,
                  "--input", str(src), "--max-len-b", "3", *extra])
     assert seen == [False, True]  # (parse then refuses the checkpoint: not a parser)
+
+
+def test_evaluate_refuses_ensemble_with_a_hypothesis_file(run_cli, tmp_path: Path) -> None:
+    hyp = tmp_path / "hyp.txt"
+    hyp.write_text("ein mann\n", encoding="utf-8")
+    code, out, err = run_cli(["evaluate", "--hyp", str(hyp), "--ref", str(hyp), "--ensemble"])
+    assert code == 2 and out == b""
+    assert err.strip().splitlines() == [
+        "aiayn evaluate: error: --ensemble decodes with several --checkpoint models; --hyp scores a file as it is"]

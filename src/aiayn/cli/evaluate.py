@@ -68,6 +68,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise AiaynError("nothing to score: give --hyp FILE --ref FILE, or --checkpoint with --dataset or --input")
     if args.hyp and not args.ref:
         raise AiaynError("--hyp needs at least one --ref FILE")
+    if args.hyp and args.ensemble:
+        raise AiaynError("--ensemble decodes with several --checkpoint models; --hyp scores a file as it is")
     if args.checkpoint:
         if bool(args.dataset) == bool(args.input):
             raise AiaynError("with --checkpoint give either --dataset (with --split) or --input with --ref")
