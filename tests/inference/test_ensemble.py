@@ -146,7 +146,7 @@ def test_translator_ensemble_matches_a_reference_loop(tiny_checkpoint: Path, sec
                                                       english: list[str]) -> None:
     paths = [tiny_checkpoint, second_checkpoint]
     ensemble = Translator.from_checkpoint(paths, ensemble=True)
-    assert len(ensemble.models) == 2 and isinstance(ensemble.decoder, EnsembleDecoder)
+    assert isinstance(ensemble.decoder, EnsembleDecoder) and len(ensemble.decoder.members) == 2
     single = Translator.from_checkpoint(tiny_checkpoint).parameters
     assert ensemble.parameters == {key: 2 * n for key, n in single.items()}
     greedy = dict(beam=1, lenpen=0.0, max_len_a=1.0, max_len_b=5)

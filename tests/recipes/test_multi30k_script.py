@@ -21,21 +21,18 @@ def _script(tmp_path: Path, *overrides: str, **env: str) -> subprocess.Completed
                           cwd=ROOT, env=full_env, capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("members", ["0", "two", "-1", "1.5"])
-def test_members_must_be_a_whole_number(tmp_path: Path, members: str) -> None:
-    proc = _script(tmp_path, MEMBERS=members)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        f"multi30k.sh: MEMBERS={members}: give a whole number of models, 1 or more"]
-    assert not (tmp_path / "data-bin").exists() and not (tmp_path / "run").exists()
+MEMBERS_LINE = "give a whole number of models, 1 or more"
+SEED_LINE = "give a whole number, the first member's seed"
 
 
-@pytest.mark.parametrize("seed", ["x", "-3", "1.5"])
-def test_seed_must_be_a_whole_number(tmp_path: Path, seed: str) -> None:
-    proc = _script(tmp_path, SEED=seed)
+@pytest.mark.parametrize(("name", "value", "message"), [
+    *(("MEMBERS", v, MEMBERS_LINE) for v in ("0", "two", "-1", "1.5")),
+    *(("SEED", v, SEED_LINE) for v in ("x", "-3", "1.5")),
+])
+def test_members_and_seed_must_be_whole_numbers(tmp_path: Path, name: str, value: str, message: str) -> None:
+    proc = _script(tmp_path, **{name: value})
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        f"multi30k.sh: SEED={seed}: give a whole number, the first member's seed"]
+    assert proc.stderr.strip().splitlines() == [f"multi30k.sh: {name}={value}: {message}"]
     assert not (tmp_path / "data-bin").exists() and not (tmp_path / "run").exists()
 
 

@@ -135,11 +135,12 @@ class EnsembleDecoder:
 
 
 def _mean_attention(weights: list[Tensor | None]) -> Tensor | None:
-    if any(w is None for w in weights):
+    present = [w for w in weights if w is not None]
+    if len(present) < len(weights):
         return None
-    shapes = {tuple(w.shape) for w in weights if w is not None}
+    shapes = {tuple(w.shape) for w in present}
     if len(shapes) > 1:
         raise ConfigError("attention of an ensemble: its models have different numbers of layers or heads "
                           f"({', '.join(str(s[1:-1]) for s in sorted(shapes))}), so their weights cannot be "
                           "averaged; ask for attention from one model")
-    return torch.stack([w.float() for w in weights if w is not None]).mean(dim=0)
+    return torch.stack([w.float() for w in present]).mean(dim=0)

@@ -135,7 +135,7 @@ class Translator:
     take tens of seconds to compile, later ones run faster (docs/benchmarks.md).
 
     ``model`` may be a list of models sharing ``tokenizer``: they are decoded as an ensemble
-    (``self.models`` holds their inference copies, ``self.model`` the first).
+    (``self.decoder`` is then an ``EnsembleDecoder``; ``self.model`` is the first one's copy).
     """
 
     def __init__(self, model: Transformer | Sequence[Transformer], tokenizer: Any,
@@ -162,8 +162,7 @@ class Translator:
         step = CompiledDecoder if compile else IncrementalDecoder
         decoders = [step(prepare_for_inference(m.to(self.device).eval(), dtype=weights), autocast=autocast)
                     for m in trained]
-        self.models = [d.model for d in decoders]
-        self.model = self.models[0]
+        self.model = decoders[0].model
         self.decoder: Any = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
         limits = [n for m in trained if (n := getattr(m.src_positions, "max_positions", None)) is not None]
         self.max_src_len: int | None = min(limits) if limits else None
