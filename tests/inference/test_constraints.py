@@ -29,6 +29,7 @@ class TableModel:
     """Next-token log-probabilities that depend on the step only: ``table`` (T, V)."""
 
     max_steps = None
+    normalized = False
 
     def __init__(self, table: torch.Tensor) -> None:
         self.table = table

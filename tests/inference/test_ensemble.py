@@ -27,6 +27,8 @@ class TableModel:
     """Next-token probabilities from a table keyed by the prefix (BOS excluded); every row
     of the batch follows the same table. Attention (R, 1, 1, S) holds ``attn_value``."""
 
+    normalized = False
+
     def __init__(self, table: dict[tuple[int, ...], dict[int, float]], attn_value: float = 0.0,
                  max_steps: int | None = None) -> None:
         self.table = table
@@ -82,6 +84,17 @@ def test_each_step_searches_the_mean_of_the_members_probabilities() -> None:
     # [A]: (0.5 + 0.05) / 2, then EOS with probability 1 in both tables.
     by_tokens = {tuple(h.tokens): h.log_prob for h in beam}
     assert by_tokens[(A,)] == pytest.approx(math.log(0.275), abs=1e-6)
+
+
+def test_the_ensemble_returns_log_probabilities_and_declares_it() -> None:
+    # The search adds no log-softmax to a normalized model's output, so the ensemble's must
+    # be one already: the log of the members' mean probability.
+    ens = EnsembleDecoder([TableModel(LEFT), TableModel({(): {A: 2.0, C: 6.0}})])
+    assert ens.normalized and not TableModel.normalized
+    out, _ = ens.step(torch.tensor([BOS_ID, BOS_ID]), ens.init_state(torch.cat([_src(), _src()]), 5))
+    assert torch.logsumexp(out, dim=-1).tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    # The second member's scores sum to 8: it is normalised before the mean (C: 6/8 = .75).
+    assert out[0, C].exp().item() == pytest.approx((0.05 + 0.75) / 2)
 
 
 def test_one_member_and_identical_members_change_nothing() -> None:

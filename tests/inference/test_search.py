@@ -37,6 +37,8 @@ class _State:
 class ScriptedModel:
     """next-token probabilities = table(sentence, prefix); tokens not listed get 0."""
 
+    normalized = False  # the search normalises; the tables sum to 1 anyway (but see below)
+
     def __init__(self, table: Table, vocab: int = VOCAB, max_steps: int | None = None, bos: int = BOS_ID) -> None:
         self.table = table
         self.vocab = vocab
@@ -128,6 +130,25 @@ def test_beam_nbest_order_and_termination_after_k_finished() -> None:
     assert [h.tokens for h in hyps] == [[A], [B, A]]
     assert [h.score for h in hyps] == pytest.approx([math.log(0.36), math.log(0.135)])
     assert model.steps == 3
+
+
+# Scores that do not sum to 1: normalised, [A] wins (.6 then EOS 1.0 -> .6 against .4);
+# taken as they are, ending at once (.2) beats [A] (.3 * .5 = .15).
+def unnormalized(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+    return {A: 0.3, EOS_ID: 0.2} if not prefix else {EOS_ID: 0.5}
+
+
+class NormalizedModel(ScriptedModel):
+    normalized = True
+
+
+def test_log_probabilities_of_a_normalized_model_are_searched_as_given() -> None:
+    [[hyp]] = beam_search(ScriptedModel(unnormalized), _src(0), _cfg())
+    assert hyp.tokens == [A] and hyp.log_prob == pytest.approx(math.log(0.6))
+    [[hyp]] = beam_search(NormalizedModel(unnormalized), _src(0), _cfg())
+    assert hyp.tokens == [] and hyp.log_prob == pytest.approx(math.log(0.2))
+    [[hyp]] = greedy_search(NormalizedModel(unnormalized), _src(0), _cfg(beam=1))
+    assert hyp.tokens == [A] and hyp.log_prob == pytest.approx(math.log(0.15))
 
 
 # Sentence 1: ending at once (.45) beats [A] (.55 * .8 = .44) unless length is rewarded.

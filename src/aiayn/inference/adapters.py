@@ -42,6 +42,8 @@ class IncrementalDecoder:
     ``torch.bfloat16``); None runs the model in whatever dtype its weights have.
     """
 
+    normalized = False  # a step ends with the vocabulary projection: logits
+
     def __init__(self, model: Transformer | PreparedModel, autocast: torch.dtype | None = None) -> None:
         prepared = _prepared(model)
         self.model = prepared.model
@@ -82,6 +84,8 @@ class _FullState:
 class RecomputingDecoder:
     """Reruns :meth:`Transformer.decode` over the whole prefix each step (no cache)."""
 
+    normalized = False
+
     def __init__(self, model: Transformer | PreparedModel) -> None:
         prepared = _prepared(model)
         self.model = prepared.model
@@ -113,6 +117,8 @@ class EnsembleDecoder:
     architectures may differ, except that averaging attention needs the same layers and heads.
     """
 
+    normalized = True  # the log of the mean probability: the search adds no log-softmax
+
     def __init__(self, members: Sequence[Any]) -> None:
         if not members:
             raise ValueError("an ensemble needs at least one model")
@@ -125,7 +131,7 @@ class EnsembleDecoder:
 
     def step(self, tokens: Tensor, state: list[Any], need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         outputs = [m.step(tokens, s, need_attn) for m, s in zip(self.members, state)]
-        # float32, as the search itself normalises: the scores accumulate over many steps.
+        # float32, as the search keeps it: the scores accumulate over many steps.
         log_probs = torch.stack([torch.log_softmax(logits.float(), dim=-1) for logits, _ in outputs])
         mean = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # log of the mean probability
         return mean, (_mean_attention([a for _, a in outputs]) if need_attn else None)

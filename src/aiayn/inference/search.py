@@ -55,19 +55,22 @@ class DecoderModel(Protocol):
     """What a search needs from a model: an encoder state, one step, a reorder.
 
     ``max_steps`` is the most decoder steps the model supports (its number of target
-    positions), or None for no limit.
+    positions), or None for no limit. ``normalized``: True when ``step`` returns
+    log-probabilities already (an ensemble's log of the mean), which the search then uses as
+    they are; False when it returns logits, which the search normalises with a log-softmax.
     """
 
     max_steps: int | None
+    normalized: bool
 
     def init_state(self, src: Tensor, max_steps: int) -> Any:
         """Encode ``src`` (B, S) and allocate whatever a step needs for ``max_steps`` steps."""
         ...
 
     def step(self, tokens: Tensor, state: Any, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Feed the previous tokens (R,) (BOS first) -> logits or log-probs (R, V) and, with
-        ``need_attn``, cross-attention weights (R, L, H, S) (any leading layout is fine as
-        long as the first dimension is R and the last is S)."""
+        """Feed the previous tokens (R,) (BOS first) -> logits, or log-probs when
+        ``normalized``, (R, V) and, with ``need_attn``, cross-attention weights (R, L, H, S)
+        (any leading layout is fine as long as the first dimension is R and the last is S)."""
         ...
 
     def reorder(self, state: Any, index: Tensor, same_sources: bool = False) -> Any:
@@ -239,10 +242,11 @@ def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor
     return vals, cols.gather(1, pos)
 
 
-def _log_probs(logits: Tensor) -> Tensor:
+def _log_probs(logits: Tensor, normalized: bool) -> Tensor:
     # float32 even when the model ran in bf16: beam scores accumulate over many steps.
     # (log_softmax(dtype=float32) on bf16 logits measured no faster than this on the CPU.)
-    return F.log_softmax(logits.float(), dim=-1)
+    # A second log-softmax of log-probabilities would change nothing but the time it takes.
+    return logits.float() if normalized else F.log_softmax(logits.float(), dim=-1)
 
 
 def _trim_attention(steps: Tensor, src_len: int) -> Tensor:
@@ -336,7 +340,8 @@ class _Run:
         """Step ``t`` for every live row: the masked next-token log-probabilities (R, V)."""
         rows = self.rows
         logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
-        lprobs = self.cons.apply(_log_probs(logits), t, rows.tokens, rows.max_len, rows.prefix)
+        lprobs = _log_probs(logits, self.model.normalized)
+        lprobs = self.cons.apply(lprobs, t, rows.tokens, rows.max_len, rows.prefix)
         if rows.constraint is not None:
             rows.constraint.mask(lprobs, t)
         rows.add_attention(attn)
