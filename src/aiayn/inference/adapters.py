@@ -24,6 +24,7 @@ from torch import Tensor
 
 from aiayn.errors import ConfigError
 from aiayn.inference.prepare import PreparedModel, prepare_for_inference
+from aiayn.inference.search import step_log_probs
 from aiayn.model import KVCache, Transformer
 
 
@@ -131,8 +132,8 @@ class EnsembleDecoder:
 
     def step(self, tokens: Tensor, state: list[Any], need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         outputs = [m.step(tokens, s, need_attn) for m, s in zip(self.members, state)]
-        # float32, as the search keeps it: the scores accumulate over many steps.
-        log_probs = torch.stack([torch.log_softmax(logits.float(), dim=-1) for logits, _ in outputs])
+        log_probs = torch.stack([step_log_probs(logits, m.normalized)
+                                 for m, (logits, _) in zip(self.members, outputs)])
         mean = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # log of the mean probability
         return mean, (_mean_attention([a for _, a in outputs]) if need_attn else None)
 

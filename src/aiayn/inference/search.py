@@ -242,7 +242,9 @@ def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor
     return vals, cols.gather(1, pos)
 
 
-def _log_probs(logits: Tensor, normalized: bool) -> Tensor:
+def step_log_probs(logits: Tensor, normalized: bool) -> Tensor:
+    """A step's output (R, V) as float32 log-probabilities: a log-softmax of logits, or
+    log-probabilities (``normalized``) as they are."""
     # float32 even when the model ran in bf16: beam scores accumulate over many steps.
     # (log_softmax(dtype=float32) on bf16 logits measured no faster than this on the CPU.)
     # A second log-softmax of log-probabilities would change nothing but the time it takes.
@@ -340,7 +342,7 @@ class _Run:
         """Step ``t`` for every live row: the masked next-token log-probabilities (R, V)."""
         rows = self.rows
         logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
-        lprobs = _log_probs(logits, self.model.normalized)
+        lprobs = step_log_probs(logits, self.model.normalized)
         lprobs = self.cons.apply(lprobs, t, rows.tokens, rows.max_len, rows.prefix)
         if rows.constraint is not None:
             rows.constraint.mask(lprobs, t)
@@ -613,4 +615,5 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
 __all__ = [
     "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "DecoderModel", "SearchHypothesis", "beam_search",
     "greedy_search", "length_penalty", "max_output_lengths", "sample", "search", "source_lengths",
+    "step_log_probs",
 ]
