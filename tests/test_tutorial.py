@@ -99,6 +99,16 @@ def test_every_code_block_is_run_and_every_config_exists() -> None:
         assert (REPO / config).is_file(), config
 
 
+def test_the_decode_options_it_states_are_the_configs() -> None:
+    """The tutorial says which beam and length penalty `translate` uses; they come from the
+    config, so a change of the recipe's decode section must show here."""
+    stated = re.search(r"beam (\d+) and length penalty ([\d.]+), from the\s+configuration's `decode` section",
+                       TUTORIAL.read_text(encoding="utf-8"))
+    assert stated, "docs/tutorial.md no longer states the beam and length penalty: update this test"
+    decode = load_config(REPO / CONFIG).decode
+    assert (int(stated[1]), float(stated[2])) == (decode.beam, decode.lenpen)
+
+
 def test_the_commands(tmp_path: Path) -> None:
     write_corpus(tmp_path)
     proc = bash("\n".join(blocks("bash", quick(tmp_path))), tmp_path)
