@@ -35,7 +35,7 @@ def decode_fingerprints(root: Path, dtypes: list[str]) -> dict[str, str]:
     cpu_decode.build_models(root)
     out = {}
     for dtype in dtypes:
-        _, hyps = cpu_decode.run_aiayn(root, dtype, runs=1)
+        _, hyps, _ = cpu_decode.run_aiayn(root, dtype, runs=1)
         out[dtype] = _sha([[(h.tokens, float(h.score).hex()) for h in sent] for sent in hyps])
     return out
 
