@@ -13,13 +13,17 @@ before, forced after: every system does the same work). Beam 4, length penalty 0
   and 256; a batch generates its longest reference's length for each of its sentences
   (counted as generated tokens); median of ``--runs`` passes after one warm-up batch.
 
-    python benchmarks/cpu_latency.py [--quick] [--workdir DIR] [--json FILE] [--plot PNG]
+    python benchmarks/cpu_latency.py [--quick] [--workdir DIR] [--data-dir DIR] [--json [FILE]] [--plot PNG]
+
+``--json`` alone writes benchmarks/results/latency.json. ``--data-dir`` defaults to
+``$AIAYN_DATA_MIRROR/multi30k``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,7 +41,6 @@ SYSTEMS = [("aiayn", "fp32"), ("aiayn", "bf16"), ("aiayn", "int8"),
            ("ctranslate2", "float32"), ("ctranslate2", "int8")]
 BATCHES = (1, 8, 64, 256)
 LATENCY_SENTS, SWEEP_SENTS, WARMUP_SENTS = 200, 256, 10
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 # decode(sources, new_tokens) -> None: one call of a system, exactly new_tokens generated each
 Decode = Callable[[list[list[int]], int], None]
@@ -176,11 +179,15 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    W.add_common_args(ap)
+    W.add_common_args(ap, "latency.json")
     W.add_decode_args(ap, "aiayn,ctranslate2")
-    ap.add_argument("--data-dir", default=str(MULTI30K), help="Multi30k files (test_2016_flickr.{en,de}.gz)")
+    mirror = os.environ.get("AIAYN_DATA_MIRROR")
+    ap.add_argument("--data-dir", default=str(Path(mirror) / "multi30k") if mirror else None,
+                    help="Multi30k files (test_2016_flickr.{en,de}.gz; default: $AIAYN_DATA_MIRROR/multi30k)")
     ap.add_argument("--plot", help="write throughput against batch size as a PNG here")
     args = ap.parse_args()
+    if args.data_dir is None:
+        ap.error("--data-dir is required (a folder with test_2016_flickr.{en,de}.gz), or set AIAYN_DATA_MIRROR")
     runs = W.apply_common_args(args)
     if args.one:
         root, system, dtype = args.one
@@ -204,6 +211,7 @@ def main() -> None:
     if args.plot:
         plot(rows, args.plot)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"machine": W.machine(), "rows": rows}, indent=2))
 
 
