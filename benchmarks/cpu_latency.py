@@ -15,15 +15,14 @@ before, forced after: every system does the same work). Beam 4, length penalty 0
 
     python benchmarks/cpu_latency.py [--quick] [--workdir DIR] [--data-dir DIR] [--json [FILE]] [--plot PNG]
 
-``--json`` alone writes benchmarks/results/latency.json. ``--data-dir`` defaults to
-``$AIAYN_DATA_MIRROR/multi30k``.
+``--json`` alone writes benchmarks/results/latency.json. Without ``--data-dir`` the
+Multi30k files come from the data mirror (``$AIAYN_DATA_MIRROR``) or the download cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -56,6 +55,14 @@ def real_lengths(data_dir: Path, n: int) -> list[tuple[int, int]]:
     ref = read_lines(data_dir / "test_2016_flickr.de.gz")[:n]
     tok_en, tok_de = MosesTokenizer(lang="en"), MosesTokenizer(lang="de")
     return [(len(tok_en.tokenize(s or "")), len(tok_de.tokenize(t or ""))) for s, t in zip(src, ref)]
+
+
+def multi30k_test_dir() -> Path:
+    """The folder holding test_2016_flickr.{en,de}.gz: the mirror's or the download cache's."""
+    from aiayn.data.datasets import split_files
+
+    (src, _tgt, _tag), = split_files("multi30k", "test_2016_flickr", "en", "de")
+    return src.parent
 
 
 def sentences(lengths: list[tuple[int, int]]) -> list[tuple[list[int], int]]:
@@ -181,14 +188,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     W.add_common_args(ap, "latency.json")
     W.add_decode_args(ap, "aiayn,ctranslate2")
-    mirror = os.environ.get("AIAYN_DATA_MIRROR")
-    ap.add_argument("--data-dir", default=str(Path(mirror) / "multi30k") if mirror else None,
-                    help="Multi30k files (test_2016_flickr.{en,de}.gz; default: $AIAYN_DATA_MIRROR/multi30k)")
+    ap.add_argument("--data-dir", help="a folder with Multi30k's test_2016_flickr.{en,de}.gz (default: the "
+                    "data mirror $AIAYN_DATA_MIRROR or the download cache, as `aiayn prepare` finds them)")
     ap.add_argument("--plot", help="write throughput against batch size as a PNG here")
     args = ap.parse_args()
-    if args.data_dir is None:
-        ap.error("--data-dir is required (a folder with test_2016_flickr.{en,de}.gz), or set AIAYN_DATA_MIRROR")
     runs = W.apply_common_args(args)
+    if args.data_dir is None:
+        args.data_dir = str(multi30k_test_dir())
     if args.one:
         root, system, dtype = args.one
         print(json.dumps(run_one(Path(root), system, dtype, runs, Path(args.data_dir))))

@@ -229,7 +229,7 @@ def run_isolated(script: str, args: list[str]) -> dict:
 
 
 def print_table(title: str, rows: list[dict], reference: dict[str, float]) -> None:
-    print(f"\n{title}")
+    print(f"\n{title}\nmachine: {machine()}")
     head = f"{'system':<16}{'dtype':<14}{'median tok/s':>14}{'best tok/s':>12}{'peak RSS MB':>13}"
     names = list(reference)
     print(head + "".join(f"{'x ' + n:>18}" for n in names))
