@@ -1,6 +1,6 @@
 """One decoding step, eager against `torch.compile` with a static key/value cache.
 
-The issue's first candidate for decoding speed: `aiayn.inference.compiled.static_step`,
+What `--compile` decoding is built on: `aiayn.inference.compiled.static_step`,
 the step over a preallocated cache of fixed length ``--max-len`` that it writes at a
 position given as a tensor, attending over all positions with the unfilled ones masked
 (static shapes: no recompilation as the cache grows); the whole step (embedding, 6
@@ -14,7 +14,9 @@ compile time; the largest logit difference against the static eager step; the pr
 resident memory after compiling against before. Model: cpu_decode.py's base model.
 Each (dtype, mode) runs in its own process.
 
-    python benchmarks/compile_step.py --workdir DIR [--rows 4 256] [--json FILE]
+    python benchmarks/compile_step.py --workdir DIR [--rows 4 256] [--json [FILE]]
+
+``--json`` alone writes benchmarks/results/compile_step.json.
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def main() -> None:
     ap.add_argument("--workdir", help="where the converted models are kept (default: a temporary dir)")
     ap.add_argument("--rows", type=int, nargs="+", default=[4, 256], help="decoder rows (beam x sentences)")
     ap.add_argument("--max-len", type=int, default=48, help="the static cache's positions (half filled)")
-    ap.add_argument("--json", help="write the rows as JSON here")
+    W.add_json_arg(ap, "compile_step.json")
     ap.add_argument("--one", nargs=3, metavar=("ROOT", "DTYPE", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -102,6 +104,7 @@ def main() -> None:
                 results.append(res)
                 print_rows(dtype, mode, res)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1))
 
 

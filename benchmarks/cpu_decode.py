@@ -8,7 +8,9 @@ All systems run the *same* weights: the aiayn model is exported with `aiayn expo
 (MarianMTModel) and converted from there with CTranslate2's own converter (float32 and
 int8). Each system runs in its own process, so its peak RSS is its own.
 
-    python benchmarks/cpu_decode.py [--quick] [--json FILE] [--systems aiayn,hf,ctranslate2]
+    python benchmarks/cpu_decode.py [--quick] [--json [FILE]] [--systems aiayn,hf,ctranslate2]
+
+``--json`` alone writes benchmarks/results/decode.json.
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def run_one(root: Path, system: str, dtype: str, runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    W.add_common_args(ap)
+    W.add_common_args(ap, "decode.json")
     W.add_decode_args(ap, "aiayn,hf,ctranslate2")
     args = ap.parse_args()
     runs = W.apply_common_args(args)
@@ -168,7 +170,7 @@ def main() -> None:
     W.print_table("beam-4 decoding, base, 64 x 40 generated tokens, 2 threads", rows, reference)
     print("first (warm-up) call, compiling included: " + ", ".join(
         f"{r['dtype']} {r['first_call_s']:.1f} s" for r in rows if r.get("first_call_s") is not None))
-    # decoding cost per generated token, from the CPU-performance issue
+    # decoding cost per generated token of the base model (FLOPs of the matmuls)
     W.report_ceiling(ok, rows, flop_per_token=330e6, json_path=args.json)
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ before, forced after: every system does the same work). Beam 4, length penalty 0
   and 256; a batch generates its longest reference's length for each of its sentences
   (counted as generated tokens); median of ``--runs`` passes after one warm-up batch.
 
-    python benchmarks/cpu_latency.py [--quick] [--workdir DIR] [--json FILE] [--plot PNG]
+    python benchmarks/cpu_latency.py [--quick] [--workdir DIR] [--data-dir DIR] [--json [FILE]] [--plot PNG]
+
+``--json`` alone writes benchmarks/results/latency.json. Without ``--data-dir`` the
+Multi30k files come from the data mirror (``$AIAYN_DATA_MIRROR``) or the download cache.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ SYSTEMS = [("aiayn", "fp32"), ("aiayn", "bf16"), ("aiayn", "int8"),
            ("ctranslate2", "float32"), ("ctranslate2", "int8")]
 BATCHES = (1, 8, 64, 256)
 LATENCY_SENTS, SWEEP_SENTS, WARMUP_SENTS = 200, 256, 10
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 
 # decode(sources, new_tokens) -> None: one call of a system, exactly new_tokens generated each
 Decode = Callable[[list[list[int]], int], None]
@@ -53,6 +55,14 @@ def real_lengths(data_dir: Path, n: int) -> list[tuple[int, int]]:
     ref = read_lines(data_dir / "test_2016_flickr.de.gz")[:n]
     tok_en, tok_de = MosesTokenizer(lang="en"), MosesTokenizer(lang="de")
     return [(len(tok_en.tokenize(s or "")), len(tok_de.tokenize(t or ""))) for s, t in zip(src, ref)]
+
+
+def multi30k_test_dir() -> Path:
+    """The folder holding test_2016_flickr.{en,de}.gz: the mirror's or the download cache's."""
+    from aiayn.data.datasets import split_files
+
+    (src, _tgt, _tag), = split_files("multi30k", "test_2016_flickr", "en", "de")
+    return src.parent
 
 
 def sentences(lengths: list[tuple[int, int]]) -> list[tuple[list[int], int]]:
@@ -176,12 +186,15 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    W.add_common_args(ap)
+    W.add_common_args(ap, "latency.json")
     W.add_decode_args(ap, "aiayn,ctranslate2")
-    ap.add_argument("--data-dir", default=str(MULTI30K), help="Multi30k files (test_2016_flickr.{en,de}.gz)")
+    ap.add_argument("--data-dir", help="a folder with Multi30k's test_2016_flickr.{en,de}.gz (default: the "
+                    "data mirror $AIAYN_DATA_MIRROR or the download cache, as `aiayn prepare` finds them)")
     ap.add_argument("--plot", help="write throughput against batch size as a PNG here")
     args = ap.parse_args()
     runs = W.apply_common_args(args)
+    if args.data_dir is None:
+        args.data_dir = str(multi30k_test_dir())
     if args.one:
         root, system, dtype = args.one
         print(json.dumps(run_one(Path(root), system, dtype, runs, Path(args.data_dir))))
@@ -204,6 +217,7 @@ def main() -> None:
     if args.plot:
         plot(rows, args.plot)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"machine": W.machine(), "rows": rows}, indent=2))
 
 

@@ -4,7 +4,9 @@ Workload (see workloads.py): Transformer base, vocabulary 32,000, 128 pairs x 32
 side, forward + backward + Adam update, 2 threads. Each system runs in its own process so that
 its peak RSS is its own; ratios come from this run only.
 
-    python benchmarks/cpu_train.py [--quick] [--json FILE] [--systems aiayn,nn,hf]
+    python benchmarks/cpu_train.py [--quick] [--json [FILE]] [--systems aiayn,nn,hf]
+
+``--json`` alone writes benchmarks/results/train.json.
 """
 
 from __future__ import annotations
@@ -126,7 +128,7 @@ def run_one(system: str, dtype: str, runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    W.add_common_args(ap)
+    W.add_common_args(ap, "train.json")
     ap.add_argument("--systems", default="aiayn,nn.Transformer,hf")
     ap.add_argument("--one", nargs=2, metavar=("SYSTEM", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,9 +149,9 @@ def main() -> None:
     ok = {(r["system"], r["dtype"]): r["tokens_per_s"] for r in rows if not r.get("skipped")}
     reference = {"nn bf16": ok.get(("nn.Transformer", "bf16"), 0.0), "hf fp32": ok.get(("hf", "fp32"), 0.0)}
     W.print_table("training step, base, 4,096 target tokens, 2 threads", rows, reference)
-    # training step cost per target token, from the CPU-performance issue
     print("first (warm-up) step, compiling included: " + ", ".join(
         f"{r['system']} {r['dtype']} {r['first_call_s']:.1f} s" for r in rows if r.get("first_call_s") is not None))
+    # training step cost per target token of the base model (FLOPs of the matmuls)
     W.report_ceiling(ok, rows, flop_per_token=366e6, json_path=args.json)
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Constituency parsing on the PTB sample (issue 20): the table of docs/benchmarks.md.
+"""Constituency parsing on the PTB sample: the parsing table of docs/results.md.
 
 Every row is scored by the project's EVALB (COLLINS.prm, :mod:`aiayn.evaluation.parsing`) on
 the prepared split's gold trees:
@@ -16,7 +16,9 @@ the prepared split's gold trees:
   and constrained end to end (different outputs: a constrained tree holds every word).
 
     python benchmarks/parsing.py --prepared data-bin/ptb_parsing [--checkpoint RUN/averaged]
-        [--splits valid test] [--runs 3] [--threads 2] [--json results.json]
+        [--splits valid test] [--runs 3] [--threads 2] [--json [FILE]]
+
+``--json`` alone writes benchmarks/results/parsing.json.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from aiayn.data.trees import flat_tree, right_branching_tree
 from aiayn.evaluation.parsing import EvalbParams, evalb
 from aiayn.inference.parsing import Parser, parse_prepared_split, read_gold
 
+# Where `--json` without a file name writes (docs/results.md quotes it).
+RESULTS = Path(__file__).resolve().parent / "results"
 UNLABELED = dataclasses.replace(EvalbParams.collins(), labeled=False)
 BASELINES: dict[str, tuple[Callable[[list[str]], Any], EvalbParams]] = {
     "one flat S over the words": (flat_tree, EvalbParams.collins()),
@@ -140,7 +144,8 @@ def main() -> None:
     ap.add_argument("--splits", nargs="+", default=["valid", "test"])
     ap.add_argument("--runs", type=int, default=0, help="time the constraint's cost this many times (0: no)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", type=Path, help="also write every figure here")
+    ap.add_argument("--json", nargs="?", const=str(RESULTS / "parsing.json"), metavar="FILE",
+                    help="also write every figure as JSON to FILE (no FILE: benchmarks/results/parsing.json)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows = baseline_rows(args.prepared, args.splits)
@@ -158,7 +163,8 @@ def main() -> None:
             print(f"- {mode}: {seconds:.2f} s ({100 * (seconds / med['free'] - 1):+.1f}%), "
                   f"{cost['tokens'][mode]:,} output tokens")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "constraint_cost": cost}, indent=1) + "\n")
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"rows": rows, "constraint_cost": cost}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ plus the mean batch size the server reports in ``/metrics``.
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --requests 200   # a running server
 
 The helpers (``make_tiny_checkpoint``, ``start_server``, ``run_load``) are also used by
-tests/serving/, so the tests and this benchmark start servers the same way.
+tests/serving/, so the tests and this benchmark start servers the same way. ``--json`` alone
+writes benchmarks/results/serve_load.json.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import httpx
 
+# Where `--json` without a file name writes (one file per benchmark: docs/results.md quotes them).
+RESULTS = Path(__file__).resolve().parent / "results"
 READY_RE = re.compile(r"Uvicorn running on (http://\S+?:\d+)")
 
 
@@ -249,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--beam", type=int, default=None)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server (default 1)")
     p.add_argument("--window-ms", type=float, default=5.0)
-    p.add_argument("--json", dest="json_out", help="also write the results as JSON here")
+    p.add_argument("--json", dest="json_out", nargs="?", const=str(RESULTS / "serve_load.json"), metavar="FILE",
+                   help="also write the results as JSON to FILE (no FILE: benchmarks/results/serve_load.json)")
     args = p.parse_args(argv)
 
     extra = {"beam": args.beam} if args.beam else {}
@@ -288,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"command: python benchmarks/serve_load.py {' '.join(argv if argv is not None else sys.argv[1:])}")
     print(markdown(results))
     if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps({"machine": machine(), "results": [asdict(r) for r in results]},
                                                   indent=1), encoding="utf-8")
     return 1 if any(r.failures for r in results) else 0

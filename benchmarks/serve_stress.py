@@ -1,4 +1,4 @@
-"""Stress checks of `aiayn serve` on loopback, the figures of docs/serving.md ("Load"):
+"""Stress checks of `aiayn serve` on loopback, the serving figures of docs/results.md:
 
 - ``clients``: N closed-loop clients (64, 400); a 503 must carry ``Retry-After``, which
   the client honours before sending again; anything but 200 or such a 503 is a failure;
@@ -13,6 +13,7 @@
     python benchmarks/serve_stress.py --checkpoint runs/demo --synthetic reverse
 
 Helpers (tiny checkpoint, server process, closed-loop load) come from serve_load.py.
+``--json`` alone writes benchmarks/results/serve_stress.json.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from serve_load import _percentile, _scrape, launch_server, machine, make_tiny_checkpoint, start_server
+from serve_load import RESULTS, _percentile, _scrape, launch_server, machine, make_tiny_checkpoint, start_server
 
 # ------------------------------------------------------------------ closed-loop clients
 
@@ -247,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rss-requests", type=int, default=20000)
     p.add_argument("--threads", type=int, default=1, help="torch threads of the server (default 1)")
     p.add_argument("--server-arg", action="append", default=[], help="extra `aiayn serve` argument (repeatable)")
-    p.add_argument("--json", dest="json_out", help="also write the results as JSON here")
+    p.add_argument("--json", dest="json_out", nargs="?", const=str(RESULTS / "serve_stress.json"), metavar="FILE",
+                   help="also write the results as JSON to FILE (no FILE: benchmarks/results/serve_stress.json)")
     args = p.parse_args(argv)
     only = set(args.only or ("clients", "slow", "rss"))
     server_args = ["--threads", str(args.threads), *args.server_arg]
@@ -270,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             results["rss"] = run_rss(checkpoint, sentences, args.rss_requests, 1000, server_args)
     print(f"\nmachine: {results['machine']}\ncommand: {results['command']}\n{report(results)}")
     if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(results, indent=1), encoding="utf-8")
     failed = [r["failures"] for r in results.get("clients", [])] + [results.get("rss", {}).get("failures", 0)]
     return 1 if any(failed) else 0

@@ -1,4 +1,4 @@
-"""The CPU benchmark workloads of the CPU-performance issue, defined once.
+"""The CPU benchmark workloads, defined once, and the helpers the benchmark scripts share.
 
 - Model: Transformer base (d_model 512, 6+6 layers, 8 heads, d_ff 2048), shared vocabulary
   32,000, post-norm, sinusoidal positions, random weights from a fixed seed, 2 threads.
@@ -35,6 +35,9 @@ DECODE_SENTS, DECODE_SRC_LEN, DECODE_NEW, BEAM = 64, 24, 40, 4
 PAD, BOS, EOS = 0, 2, 3
 SEED = 1234
 THREADS = 2
+# Where the benchmarks write their JSON rows when `--json` is given without a file name:
+# one file per benchmark, the figures that docs/results.md quotes.
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def setup_threads() -> None:
@@ -51,10 +54,16 @@ def setup_process(system: str) -> None:
         tune_allocator()
 
 
-def add_common_args(ap) -> None:
+def add_json_arg(ap, name: str, dest: str = "json") -> None:
+    """``--json [FILE]``: write the results as JSON to FILE, or to benchmarks/results/NAME."""
+    ap.add_argument("--json", dest=dest, nargs="?", const=str(RESULTS / name), metavar="FILE",
+                    help=f"write the results as JSON to FILE (no FILE: benchmarks/results/{name})")
+
+
+def add_common_args(ap, json_name: str) -> None:
     ap.add_argument("--quick", action="store_true", help="one timed run per system (smoke check)")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--json", help="write the rows as JSON here")
+    add_json_arg(ap, json_name)
     ap.add_argument("--peers-malloc", action="store_true",
                     help="apply aiayn's allocator setting (aiayn.runtime) to the peers too")
 
@@ -141,7 +150,7 @@ def machine() -> str:
     from aiayn.runtime import native_bf16
 
     # Whether bf16 has matrix units (AMX), dot-product instructions only, or neither decides
-    # how fast the bf16 rows can be: the machine kinds of docs/benchmarks.md.
+    # how fast the bf16 rows can be (docs/results.md names the hardware of every table).
     if not native_bf16("cpu"):
         bf16 = "no native bf16 (emulated)"
     else:
@@ -220,7 +229,7 @@ def run_isolated(script: str, args: list[str]) -> dict:
 
 
 def print_table(title: str, rows: list[dict], reference: dict[str, float]) -> None:
-    print(f"\n{title}")
+    print(f"\n{title}\nmachine: {machine()}")
     head = f"{'system':<16}{'dtype':<14}{'median tok/s':>14}{'best tok/s':>12}{'peak RSS MB':>13}"
     names = list(reference)
     print(head + "".join(f"{'x ' + n:>18}" for n in names))
@@ -249,5 +258,6 @@ def report_ceiling(ok: dict[tuple[str, str], float], rows: list[dict], flop_per_
             peak = ceilings.get(base, ceilings["fp32"])
             print(f"aiayn {dtype}: {tps * flop_per_token / (peak * 1e9):.0%} of the {base} matmul limit")
     if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps({"machine": machine(), "matmul_gflops": ceilings,
                                                "rows": rows}, indent=2))

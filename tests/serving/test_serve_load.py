@@ -1,6 +1,6 @@
 """Bounded load test on loopback (slow: `make test-slow`): 16 concurrent clients, 1,000
 requests, against `aiayn serve` with and without dynamic batching. The figures in
-docs/benchmarks.md come from `python benchmarks/serve_load.py`, which runs the same code."""
+docs/results.md come from `python benchmarks/serve_load.py`, which runs the same code."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Speed A/B of two source trees in one run: the decode and training benchmarks' aiayn rows.
 
     git worktree add /tmp/before <commit>
-    python benchmarks/ab_speed.py --before /tmp/before --after . --workdir /tmp/decwd --rounds 3
+    python scripts/ab_speed.py --before /tmp/before --after . --workdir /tmp/decwd --rounds 3
 
 Each measurement runs in a fresh process (``cpu_decode.py --one`` / ``cpu_train.py --one``,
 the benchmarks' own isolated rows) with ``PYTHONPATH`` pointing at one tree's ``src``; the
