@@ -51,9 +51,11 @@ mutation: $(VENV)/.installed-dev
 		> mutants.log 2>&1 || { tail -c 3000 mutants.log; exit 1; }
 	$(BIN)/mutmut results --all true | $(BIN)/python scripts/mutation_score.py --target 85
 
+# ruff, mypy, and no development history in the product (scripts/check_history_words.py).
 lint: $(VENV)/.installed-dev
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 	$(BIN)/mypy
+	$(BIN)/python scripts/check_history_words.py
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cpu_train.py
