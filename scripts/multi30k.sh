@@ -4,18 +4,19 @@
 # average the last checkpoints of each, translate test_2016_flickr with their ensemble and the
 # config's decode options, score with sacreBLEU.
 #
-#   bash scripts/multi30k.sh                      # en -> de, mirror ../shared/data, 2 members
+#   bash scripts/multi30k.sh                      # en -> de, 2 members
 #   SRC=de TGT=en bash scripts/multi30k.sh        # de -> en (configs/multi30k_de_en.yaml)
 #   CONFIG=configs/multi30k_de_en.yaml bash scripts/multi30k.sh   # the same: languages from the config
 #   MEMBERS=1 bash scripts/multi30k.sh            # one model on all the threads, no ensemble
 #   SEED=3 bash scripts/multi30k.sh               # members with seeds 3 and 4 instead of 1 and 2
 #   DATA_DIR=/path/to/mirror RUN=runs/x bash scripts/multi30k.sh train.max_time_minutes=10
 #
+# The corpus comes from the mirror folder DATA_DIR, else $AIAYN_DATA_MIRROR; with neither,
+# `aiayn prepare` downloads it (into $AIAYN_CACHE_DIR, default ~/.cache/aiayn/datasets).
 # Extra arguments are config overrides passed to `aiayn train` (with several members, each
 # member's seed comes after them; with MEMBERS=1, SEED only if given). Why two members: on 2
 # cores two 1-thread trainings make more updates between them than one 2-thread training, and
-# on val the ensemble of two models scores above their mean in every pair measured
-# (docs/benchmarks.md, "Multi30k end to end").
+# on val the ensemble of two models scores above their mean (docs/results.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The config's data section (one "key: value" line each, as in configs/) names the languages.
@@ -30,7 +31,9 @@ SRC=$(config_lang src_lang)
 TGT=$(config_lang tgt_lang)
 SRC=${SRC:-en}  # DataConfig's defaults
 TGT=${TGT:-de}
-DATA_DIR=${DATA_DIR:-../shared/data}
+DATA_DIR=${DATA_DIR:-${AIAYN_DATA_MIRROR:-}}
+DATA_ARGS=()
+[ -z "$DATA_DIR" ] || DATA_ARGS=(--data-dir "$DATA_DIR")
 PREPARED=${PREPARED:-data-bin/multi30k.${SRC}-${TGT}}
 RUN=${RUN:-runs/multi30k.${SRC}-${TGT}}
 AVERAGE=${AVERAGE:-5}
@@ -43,8 +46,8 @@ SEED=${SEED:-1}
 AIAYN=${AIAYN:-.venv/bin/aiayn}
 [ -x "$AIAYN" ] || AIAYN=aiayn
 
-echo "== prepare $SRC -> $TGT ($CONFIG, mirror $DATA_DIR)"
-$AIAYN prepare --config "$CONFIG" --data-dir "$DATA_DIR" --out "$PREPARED"
+echo "== prepare $SRC -> $TGT ($CONFIG, ${DATA_DIR:+mirror }${DATA_DIR:-downloaded corpus})"
+$AIAYN prepare --config "$CONFIG" "${DATA_ARGS[@]}" --out "$PREPARED"
 
 # A member's run directory: RUN itself for one model, RUN/memberK for several.
 member_dir() { if [ "$MEMBERS" = 1 ]; then echo "$RUN"; else echo "$RUN/member$1"; fi; }

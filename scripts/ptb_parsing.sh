@@ -3,12 +3,13 @@
 # (train wsj_0001-0159, every phrase of 3+ words of its trees, and a variant of each with
 # words replaced by others of the same POS tag; valid wsj_0160-0179, test wsj_0180-0199; the
 # target tree spells its words), train 16,000 steps (a slower machine stops at the
-# 60-minute cap; timings in docs/benchmarks.md), average the last 5 checkpoints, parse valid
+# 60-minute cap; timings in docs/results.md), average the last 5 checkpoints, parse valid
 # and test with beam 21, alpha 0.3, max length = input + 300, under
 # the tree grammar (every output a tree over exactly its words), and score with EVALB
-# (COLLINS.prm). Results in docs/benchmarks.md; the guide is docs/parsing.md.
+# (COLLINS.prm). Results in docs/results.md; the guide is docs/parsing.md.
 #
-#   bash scripts/ptb_parsing.sh
+#   AIAYN_DATA_MIRROR=/path/to/mirror bash scripts/ptb_parsing.sh   # its ptb-sample/ folder
+#   PTB_DIR=/path/to/treebank bash scripts/ptb_parsing.sh           # a folder of .mrg files
 #   RUN=runs/ptb2 bash scripts/ptb_parsing.sh train.max_steps=3000
 #   AIAYN_NUM_THREADS=1 bash scripts/ptb_parsing.sh   # a 2-core machine busy with other work
 #
@@ -16,8 +17,10 @@
 # holds checkpoints is resumed, not restarted: use a new RUN for a fresh run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DATA_DIR=${DATA_DIR:-../shared/data}
-PTB_DIR=${PTB_DIR:-$DATA_DIR/ptb-sample}
+DATA_DIR=${DATA_DIR:-${AIAYN_DATA_MIRROR:-}}
+PTB_DIR=${PTB_DIR:-${DATA_DIR:+$DATA_DIR/ptb-sample}}
+[ -n "$PTB_DIR" ] || { echo "ptb_parsing.sh: no treebank: set PTB_DIR to a folder of .mrg files, or DATA_DIR" \
+    "(or AIAYN_DATA_MIRROR) to a mirror folder holding ptb-sample/" >&2; exit 2; }
 CONFIG=${CONFIG:-configs/ptb_parsing.yaml}
 PREPARED=${PREPARED:-data-bin/ptb_parsing}
 RUN=${RUN:-runs/ptb_parsing}

@@ -207,3 +207,16 @@ def test_multi30k_de_en_is_en_de_reversed() -> None:
     assert (de_en.data.dataset, de_en.data.src_lang, de_en.data.tgt_lang) == ("multi30k", "de", "en")
     en_de.data.src_lang, en_de.data.tgt_lang = "de", "en"
     assert de_en == en_de
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
+def test_shipped_configs_load_and_keep_their_header_short(name: str) -> None:
+    """Each shipped config loads; its header says what it is and how to run it in at most 10
+    lines (reasons and figures live in docs/results.md), and no path in it points outside the
+    repository: the data come from $AIAYN_DATA_MIRROR or a download."""
+    path = REPO / "configs" / name
+    load_config(path)
+    text = path.read_text(encoding="utf-8")
+    header = text[:text.index("\n\n")].splitlines()
+    assert all(line.startswith("#") for line in header) and len(header) <= 10
+    assert "../" not in text and load_config(path).data.data_dir is None

@@ -294,6 +294,23 @@ def test_parsing_builds_a_prepared_directory(tmp_path: Path, target: str) -> Non
     assert leftovers(tmp_path) == []
 
 
+def test_parsing_finds_the_treebank_in_the_data_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Without --ptb-dir the treebank is ptb-sample/ in --data-dir, else in $AIAYN_DATA_MIRROR."""
+    _mini_treebank(tmp_path / "ptb-sample")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("data:\n  vocab_size: 40\n  tgt_vocab_size: 64\n")
+    args = ["prepare", "--task", "parsing", "--config", str(cfg), "--quiet", "--out"]
+    monkeypatch.delenv(ds.MIRROR_ENV, raising=False)
+    assert cli([*args, str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--task parsing needs --ptb-dir (or --data-dir or $AIAYN_DATA_MIRROR holding ptb-sample/)")
+    assert cli([*args, str(tmp_path / "p1"), "--data-dir", str(tmp_path)]) == 0
+    monkeypatch.setenv(ds.MIRROR_ENV, str(tmp_path))
+    assert cli([*args, str(tmp_path / "p2")]) == 0
+    assert split_text(tmp_path / "p1", "test") == split_text(tmp_path / "p2", "test")
+
+
 def test_archive_dataset_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A WMT-shaped dataset (archive members, SGML test set) with default split names."""
     import hashlib

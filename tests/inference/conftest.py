@@ -1,5 +1,5 @@
 """A tiny checkpoint with a real SentencePiece model (random weights) for translator and
-CLI tests; built once per session."""
+CLI tests; built once per test session."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ checkpoint, beam search on held-out sequences, the accuracy line, the heatmap PN
 The default-suite test runs the same code with a short schedule and checks the flow and its
 outputs, and that the accuracy line is the Python API's exact match on the same held-out
 sequences (not that the accuracy is high); the slow test runs the demo as shipped and
-asserts the issue's target (>= 95% exact match on held-out sequences; measured 98.8-100%
-for seeds 1-3).
+asserts the demo's promise: >= 95% exact match on held-out sequences.
 """
 
 from __future__ import annotations

@@ -86,3 +86,18 @@ def test_one_member_is_the_single_model_recipe(tmp_path: Path, seed: str | None)
         f"train.max_steps=9" + (f" train.seed={seed}" if seed else "")]
     assert _calls(tmp_path, "translate") == [
         f"threads=4 translate --checkpoint {run}/averaged --input {prep}/test.src.txt --output {run}/test.hyp.de"]
+
+
+@pytest.mark.parametrize(("data_dir", "mirror", "expected"), [
+    ("/data/a", "/data/b", "--data-dir /data/a "),  # DATA_DIR first
+    ("", "/data/b", "--data-dir /data/b "),          # else $AIAYN_DATA_MIRROR
+    ("", "", ""),                                     # else `aiayn prepare` downloads
+])
+def test_the_corpus_comes_from_data_dir_else_the_mirror_variable_else_a_download(
+        tmp_path: Path, data_dir: str, mirror: str, expected: str) -> None:
+    env = {**_fake_aiayn(tmp_path), "MEMBERS": "1", "DATA_DIR": data_dir, "AIAYN_DATA_MIRROR": mirror}
+    (tmp_path / "run").mkdir()
+    proc = _script(tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp_path, "prepare") == [
+        f"threads=4 prepare --config configs/multi30k_en_de.yaml {expected}--out {tmp_path / 'data-bin'}"]

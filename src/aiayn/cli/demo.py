@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--task", default="reverse", choices=["copy", "reverse", "sort", "toy"],
                    help="built-in synthetic task (default: reverse)")
     p.add_argument("--dataset", default=None, help="'multi30k' to run on real data")
-    p.add_argument("--data-dir", default=None, help="mirror folder holding the corpus (e.g. ../shared/data)")
+    p.add_argument("--data-dir", default=None,
+                   help="mirror folder holding the corpus (else $AIAYN_DATA_MIRROR, else download)")
     options.add_threads(p)
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     p.set_defaults(func=run)

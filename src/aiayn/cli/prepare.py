@@ -2,8 +2,8 @@
 
 Examples::
 
-    aiayn prepare --dataset multi30k --src en --tgt de --data-dir ../shared/data \\
-        --vocab-size 8000 --out data-bin/multi30k.en-de
+    aiayn prepare --dataset multi30k --src en --tgt de --vocab-size 8000 \\
+        --out data-bin/multi30k.en-de      # the mirror --data-dir / $AIAYN_DATA_MIRROR, else download
     aiayn prepare --train-src train.en --train-tgt train.de --valid-src dev.en \\
         --valid-tgt dev.de --out data-bin/mine
     aiayn prepare --synthetic reverse --out data-bin/reverse
@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     src.add_argument("--synthetic-train-size", type=int)
     src.add_argument("--synthetic-valid-size", type=int)
     src.add_argument("--ptb-dir", help="--task parsing: folder of Penn Treebank .mrg files "
-                                       "(default DATA_DIR/ptb-sample)")
+                                       "(default: ptb-sample/ in the data mirror)")
     tok = p.add_argument_group("tokenizer")
     tok.add_argument("--vocab-size", type=int, help="SentencePiece vocabulary size (default 8000)")
     tok.add_argument("--separate-vocab", action="store_true",
@@ -126,14 +126,16 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
 
 
 def _run_parsing(args: argparse.Namespace) -> int:
+    from aiayn.data.datasets import default_mirror
     from aiayn.data.prepare import prepare_parsing_data
 
+    mirror = Path(args.data_dir) if args.data_dir else default_mirror()
     if args.ptb_dir:
         ptb = Path(args.ptb_dir)
-    elif args.data_dir:
-        ptb = Path(args.data_dir) / "ptb-sample"
+    elif mirror is not None:
+        ptb = mirror / "ptb-sample"
     else:
-        raise DataError("--task parsing needs --ptb-dir (or --data-dir holding ptb-sample/)")
+        raise DataError("--task parsing needs --ptb-dir (or --data-dir or $AIAYN_DATA_MIRROR holding ptb-sample/)")
     summary = prepare_parsing_data(ptb, args.out, config_from_args(args), progress=not args.quiet,
                                    force=args.force)
     if args.json:

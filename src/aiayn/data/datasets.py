@@ -5,9 +5,8 @@ its sha256 where it could be established (``None`` = unknown: the file is then c
 against an md5 where one is published, else used unverified with a warning that prints
 its sha256 so it can be pinned). Sources of the checksums:
 
-- Multi30k ``train``/``val``/``test_2016_flickr``: sha256 of the published files (the copies
-  in ``../shared/data/multi30k``, see ``SHA256SUMS`` there). The 2017/2018 test sets:
-  unknown.
+- Multi30k ``train``/``val``/``test_2016_flickr``: sha256 of the published files. The
+  2017/2018 test sets: unknown.
 - WMT14 training archives, the WMT19 ``dev.tgz`` (which carries newstest2013) and the
   giga/UN archives: sha256 and sizes from TensorFlow Datasets' ``url_checksums``.
 - WMT14 ``test-full.tgz`` (newstest2014, 3003 sentences): no sha256 known; md5 from sacreBLEU.
