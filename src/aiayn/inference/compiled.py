@@ -16,9 +16,9 @@ position, and the step's self-attention reads through that table, a gather induc
 into the attention's loads.
 
 The price (``benchmarks/compile_step.py`` measures it): each new family of shapes
-compiles for tens of seconds on a small CPU, and the frozen weights are
-copies beside the model's own. So it is for a long-lived process (``aiayn serve
---compile`` compiles at start-up), or a CLI run on an input large enough to pay it back.
+compiles for tens of seconds on a small CPU, and the frozen weights are copies beside the
+model's own. So it is for a long-lived process (``aiayn serve --compile`` compiles at
+start-up), or a CLI run on an input large enough to pay it back.
 
 The model is not touched: this module re-states the decoder layer's wiring
 (:meth:`aiayn.model.layers.DecoderLayer.step`) over the static cache, calling the
