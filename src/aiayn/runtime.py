@@ -4,8 +4,8 @@ Memory allocator. With glibc's defaults every allocation above a threshold (at m
 is served by a fresh ``mmap`` and returned with ``munmap`` when freed. A training step
 allocates and frees many such tensors (a 4,096 x 2,048 float32 activation is 32 MB, the
 float32 logits 0.5 GB), so each one is page-faulted in and zero-filled by the kernel again
-at every step: on this project's CPU a 32 MB ``relu`` took 15 ms instead of 4 ms, and a
-log-softmax over 4,096 x 32,000 0.29 s instead of 0.12 s (docs/benchmarks.md). Setting
+at every step, a cost that memory-bound operations (an activation, a log-softmax over the
+logits) pay in full, often more than the operation itself. Setting
 ``M_MMAP_MAX`` to 0 serves those tensors from the heap, where freed blocks are reused, and a
 high ``M_TRIM_THRESHOLD`` keeps the heap from being handed back and faulted in again. This
 is what the usual advice (jemalloc or tcmalloc via ``LD_PRELOAD``) achieves, without a
@@ -58,10 +58,9 @@ def tune_allocator() -> bool:
 def native_bf16(device: torch.device | str) -> bool:
     """Whether bfloat16 matmuls run on dedicated hardware on ``device``.
 
-    On a CPU that means AVX-512 BF16 or AMX tiles: there a bf16 matmul runs ~3-4x faster
-    than float32. Without them torch emulates bf16 with float32 arithmetic plus conversions,
-    and bf16 is ~3x *slower* than float32 (measured on an AVX-512 CPU without BF16:
-    matmul 29 vs 97 GFLOP/s, docs/benchmarks.md), so ``dtype: auto`` picks float32 there.
+    On a CPU that means AVX-512 BF16 or AMX tiles: there a bf16 matmul is faster than a
+    float32 one. Without them torch emulates bf16 with float32 arithmetic plus conversions,
+    which makes bf16 *slower* than float32, so ``dtype: auto`` picks float32 there.
     """
     import torch
 

@@ -1,10 +1,12 @@
-"""sacreBLEU scoring: identical to the sacrebleu command line, line-count checks, the
-paper's tokenized BLEU in the evaluate command (its pipeline: test_tokenized_bleu.py)."""
+"""sacreBLEU scoring: identical to the sacrebleu command line, its verbose line and
+signature, reference and line-count errors, reading hypothesis files, the paper's tokenized
+BLEU in the evaluate command (its pipeline: test_tokenized_bleu.py)."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +103,24 @@ def test_library_matches_sacrebleu_api(files) -> None:
     assert corpus_scores(["a b c"], ["a b c"])["bleu"] == pytest.approx(0.0)  # shorter than 4-grams
 
 
+@pytest.mark.parametrize(("hyps", "refs", "verbose"), [
+    (["a"], ["a"], "100.0/0.0/0.0/0.0 (BP = 1.000 ratio = 1.000 hyp_len = 1 ref_len = 1)"),
+    (["a b c d e f", "x"], ["a b c d e g h", "x"],
+     "85.7/80.0/75.0/66.7 (BP = 0.867 ratio = 0.875 hyp_len = 7 ref_len = 8)"),
+    ([""], [""], "0.0/0.0/0.0/0.0 (BP = 1.000 ratio = 0.000 hyp_len = 0 ref_len = 0)"),
+])
+def test_bleu_verbose(hyps: list[str], refs: list[str], verbose: str) -> None:
+    scores = corpus_scores(hyps, refs)
+    assert scores["bleu_verbose"] == verbose
+    assert scores["n_sentences"] == len(hyps)
+
+
+def test_target_language_picks_sacrebleus_tokenizer() -> None:
+    assert "|tok:zh|" in corpus_scores(["你好世界"], ["你好世界"], tgt_lang="zh")["signature"]
+    assert "|tok:13a|" in corpus_scores(["a b"], ["a b"], tgt_lang="de")["signature"]
+    assert "|tok:13a|" in corpus_scores(["a b"], ["a b"])["signature"]
+
+
 def test_line_count_mismatch_is_an_error(files, tmp_path: Path, capsys) -> None:
     hyps, refs = read_lines(files["hyp"]), read_lines(files["ref"])
     with pytest.raises(DataError, match="line counts must match"):
@@ -112,6 +132,16 @@ def test_line_count_mismatch_is_an_error(files, tmp_path: Path, capsys) -> None:
     code, out, err = _aiayn(["evaluate", "--hyp", str(short), "--ref", str(files["ref"])], capsys)
     assert code == 2 and out == ""
     assert "60 lines" in err and "10" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("refs", "error", "message"), [
+    ("a b", TypeError, "refs: expected a list of reference lines or a list of reference streams"),
+    ([], DataError, "no references given"),
+    (["a", "b"], DataError, "reference set 1 has 2 lines but there are 1 hypotheses; the line counts must match"),
+])
+def test_reference_errors(refs, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        corpus_scores(["a"], refs)
 
 
 def test_reading_files(tmp_path: Path, capsys) -> None:
@@ -128,6 +158,13 @@ def test_reading_files(tmp_path: Path, capsys) -> None:
     assert code == 2 and "bad.txt:3" in err
     code, _, err = _aiayn(["evaluate", "--hyp", str(tmp_path / "missing"), "--ref", str(bad)], capsys)
     assert code == 2 and "not found" in err
+
+
+def test_read_lines_keeps_leading_whitespace(tmp_path: Path) -> None:
+    # As sacreBLEU's command line: only the trailing whitespace goes.
+    path = tmp_path / "hyp.txt"
+    path.write_text("  indented line \t\n\tx\n", encoding="utf-8")
+    assert read_lines(path) == ["  indented line", "\tx"]
 
 
 def test_compound_splitting_like_tensor2tensor() -> None:

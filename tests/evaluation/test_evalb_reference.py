@@ -230,33 +230,3 @@ def test_unlabeled_and_quote_fix_on_small_trees() -> None:
     assert (s.status, s.words, s.matched, s.gold_brackets, s.correct_tags) == (OK, 3, 3, 3, 2)
     no_fix = dataclasses.replace(params, quote_labels=frozenset())
     assert scored([gold], [test], no_fix)[0].status == ERROR
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("DEBUG 0\nQUOTE_LABELS x\n", r"p\.prm:2: unknown EVALB parameter 'QUOTE_LABELS'"),
-        ("# c\nEQ_LABEL A\n", r"p\.prm:2: EQ_LABEL takes 2 value"),
-        ("CUTOFF_LEN forty\n", r"p\.prm:1: CUTOFF_LEN needs an integer"),
-    ],
-)
-def test_prm_errors_name_file_and_line(tmp_path: Path, text: str, message: str) -> None:
-    prm = tmp_path / "p.prm"
-    prm.write_text(text)
-    with pytest.raises(DataError, match=message):
-        EvalbParams.read(prm)
-
-
-def test_prm_reader_accumulates_lists(tmp_path: Path) -> None:
-    prm = tmp_path / "p.prm"
-    prm.write_text(
-        "##---\nDEBUG 2\nLABELED 0   \nDELETE_LABEL TOP\nDELETE_LABEL ,\n"
-        "DELETE_LABEL_FOR_LENGTH -NONE-\n\nEQ_WORD  a b\n# EQ_WORD c d\n"
-    )
-    assert EvalbParams.read(prm) == EvalbParams(
-        debug=2,
-        labeled=False,
-        delete_labels=frozenset({"TOP", ","}),
-        delete_labels_for_length=frozenset({"-NONE-"}),
-        eq_words=(("a", "b"),),
-    )

@@ -1,23 +1,40 @@
-"""Tests for aiayn.evaluation.parsing: EVALB (COLLINS.prm) bracket scores.
+"""EVALB bracket scores (aiayn.evaluation.parsing) of hand-made trees and corpora.
 
 Expected values are counted by hand; the comment above each case lists the brackets
-EVALB scores, as (label start end) over the words left after deleting punctuation.
+EVALB scores, as (label start end) over the words left after deleting punctuation. Each
+rule of the scorer (module docstring: quote fix, deletion, unlabeled matching, crossing,
+skipped and error sentences) is pinned to the exact figures and message it produces; the
+EVALB reference outputs are compared in test_evalb_reference.py, parameter files in
+test_evalb_params.py, files and the printed report in test_evalb_report.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import random
 from pathlib import Path
 
 import pytest
 
-from aiayn.data.trees import clean_tree, linearize, parse_tree, read_trees, rebuild, tree_to_string
+from aiayn.data.trees import Tree, clean_tree, linearize, parse_tree, read_trees, rebuild, tree_to_string
 from aiayn.errors import DataError
-from aiayn.evaluation.parsing import evalb, evalb_files, evalb_label, score_sentence
+from aiayn.evaluation.parsing import (
+    ERROR,
+    OK,
+    SKIP,
+    EvalbParams,
+    evalb,
+    evalb_files,
+    evalb_label,
+    evalb_summary,
+    score_sentence,
+)
 
 MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 PTB_FILES = MIRROR / "ptb-sample" / "combined"
+LOGGER = "aiayn.evaluation.parsing"
 
 # Words: The cat sat on the mat .  -> scored positions 0..5 (the period is deleted).
 # Brackets: S 0 6, NP 0 2, VP 2 6, PP 3 6, NP 4 6  (5)
@@ -27,6 +44,16 @@ GOLD = "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat
 def scores(gold: str, test: str) -> tuple[int, int, int]:
     s = score_sentence(parse_tree(gold), parse_tree(test))
     return s.matched, s.gold_brackets, s.test_brackets
+
+
+def sentence_figures(gold: str | Tree, test: str | Tree, params: EvalbParams | None = None) -> tuple:
+    """(status, matched, gold brackets, test brackets, crossing, words, correct tags, error)."""
+    s = score_sentence(
+        gold if isinstance(gold, Tree) else parse_tree(gold),
+        test if isinstance(test, Tree) else parse_tree(test),
+        params=params,
+    )
+    return s.status, s.matched, s.gold_brackets, s.test_brackets, s.crossing, s.words, s.correct_tags, s.error
 
 
 def test_tree_against_itself_is_100() -> None:
@@ -201,3 +228,122 @@ def test_dev_files_placeholder_tags_score_like_gold_tags() -> None:
     damaged = evalb(gold, with_xx)
     assert damaged == evalb(gold, with_tags)
     assert 0.0 < damaged["f1"] < 100.0
+
+
+# ---------------------------------------------------------- sentence rules, exact figures
+
+QUOTES = EvalbParams(delete_labels=frozenset({"``"}), quote_labels=frozenset({"CD", "``"}))
+
+
+@pytest.mark.parametrize(
+    ("gold", "test", "eq_labels", "expected"),
+    [
+        # the test tree deletes its quote, the gold keeps it (CD): put back into the test tree
+        ('(S (NP (CD ") (NN x)) (VP (VB y)))', '(S (NP (`` ") (NN x)) (VP (VB y)))', (), (3, 3, 3, 3, 2)),
+        # ... and its tag, compared with the gold one (equal under EQ_LABEL)
+        ('(S (NP (CD ") (NN x)) (VP (VB y)))', '(S (NP (`` ") (NN x)) (VP (VB y)))', (("``", "CD"),),
+         (3, 3, 3, 3, 3)),
+        # two quotes put back: the second one's position moves by one after the first
+        ('(S (NP (CD ") (NN x)) (VP (VB y) (CD ") (NN z)))', '(S (NP (`` ") (NN x)) (VP (VB y) (`` ") (NN z)))',
+         (), (5, 3, 3, 3, 3)),
+        ('(S (NP (CD ") (NN x)) (VP (VB y) (CD ") (NN z)))', '(S (NP (`` ") (NN x)) (VP (VB y) (`` ") (NN z)))',
+         (("CD", "``"),), (5, 3, 3, 3, 5)),
+        # a gold quote put back, its tag compared through EQ_LABEL
+        ('(S (NP (`` ") (NN x)) (VP (VB y)))', '(S (NP (CD ") (NN x)) (VP (VB y)))', (("``", "CD"),),
+         (3, 3, 3, 3, 3)),
+    ],
+)
+def test_quote_fix_puts_back_in_either_tree(gold: str, test: str, eq_labels: tuple, expected: tuple) -> None:
+    params = dataclasses.replace(QUOTES, eq_labels=eq_labels)
+    status, matched, gold_n, test_n, _, words, tags, _ = sentence_figures(gold, test, params)
+    assert status == OK
+    assert (words, matched, gold_n, test_n, tags) == expected
+
+
+def test_quote_fix_updates_positions_as_evalb() -> None:
+    # The first pair's put-back shifts the test tree's later quote past its gold partner:
+    # EVALB then pairs nothing more, and the counts stay unequal.
+    gold = '(S (NP (CD ") (NN x)) (VP (VB y) (`` ") (NN z)))'
+    test = '(S (NP (`` ") (NN x)) (VP (VB y) (CD ") (NN z)))'
+    assert sentence_figures(gold, test, QUOTES) == (ERROR, 0, 0, 0, 0, 4, 0,
+                                                    "words differ at word 1: gold '\"', test 'x'")
+
+
+@pytest.mark.parametrize(
+    ("gold", "test", "params", "expected"),
+    [
+        # EVALB: the test tree loses its own punctuation
+        ("(S (NN a) (. .))", "(S (. .))", EvalbParams(delete_labels=frozenset({"."})),
+         (SKIP, 0, 0, 0, 0, 1, 0, "no word left in the test tree")),
+        # gold tags: both trees lose the gold tree's punctuation
+        ("(S (. .))", "(S (XX .))", None, (SKIP, 0, 0, 0, 0, 0, 0, "no word left after deletion")),
+        # a word spelled "" (a Tree built in code) is compared as ""
+        (Tree("S", [Tree("NN", [], "")]), "(S (NN x))", EvalbParams(),
+         (ERROR, 0, 0, 0, 0, 1, 0, "words differ at word 1: gold '', test 'x'")),
+        # unlabeled matching still takes each test bracket once: NP 0 2 twice in gold, once in test
+        ("(S (NP (NP (DT the) (NN cat))) (VP (VBD sat)))", "(S (NP (DT the) (NN cat)) (VP (VBD sat)))",
+         EvalbParams(labeled=False), (OK, 3, 4, 3, 0, 3, 3, "")),
+        # no bracket left at all (TOP deleted): nothing to cross
+        ("(TOP (NN x))", "(TOP (XX x))", None, (OK, 0, 0, 0, 0, 1, 0, "")),
+        # gold tags: -NONE- elements leave the test tree too before the words are aligned
+        ("(S (NP (NN x)) (VP (VB y)))", "(S (XX x) (VP (-NONE- *) (XX y)))", None, (OK, 2, 3, 2, 0, 2, 0, "")),
+        # three test brackets each crossing a gold one
+        ("(S (A (P a) (Q b)) (B (P c) (Q d)) (C (P e) (Q f)) (D (P g) (Q h)))",
+         "(S (P a) (X (Q b) (P c)) (Y (Q d) (P e)) (Z (Q f) (P g)) (Q h))", EvalbParams(),
+         (OK, 1, 5, 4, 3, 8, 8, "")),
+    ],
+)
+def test_sentence_figures(gold: str | Tree, test: str, params: EvalbParams | None, expected: tuple) -> None:
+    assert sentence_figures(gold, test, params) == expected
+
+
+def test_summary_counts_sentences_by_crossing() -> None:
+    gold = "(S (A (P a) (Q b)) (B (P c) (Q d)) (C (P e) (Q f)) (D (P g) (Q h)))"
+    three = "(S (P a) (X (Q b) (P c)) (Y (Q d) (P e)) (Z (Q f) (P g)) (Q h))"  # crossing 3
+    two = "(S (P a) (X (Q b) (P c)) (Y (Q d) (P e)) (Q f) (P g) (Q h))"  # crossing 2
+    scores = [score_sentence(parse_tree(gold), parse_tree(t), params=EvalbParams()) for t in (three, two, gold)]
+    assert [s.crossing for s in scores] == [3, 2, 0]
+    summary = evalb_summary(scores)
+    assert (summary.crossing, summary.no_crossing_sentences, summary.two_or_less_crossing_sentences) == (5, 1, 2)
+    assert summary.two_or_less_crossing == pytest.approx(200 / 3)
+
+
+def test_corpus_of_skipped_sentences_only() -> None:
+    result = evalb(["(S (. .))"], ["(S (XX .))"])
+    assert result == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "exact_match": 0.0, "sentences": 0,
+                      "skipped": 1, "matched": 0, "gold_brackets": 0, "test_brackets": 0}
+    summary = evalb_summary([score_sentence(parse_tree("(S (. .))"), parse_tree("(S (XX .))"))])
+    assert (summary.complete_match, summary.no_crossing, summary.two_or_less_crossing) == (0.0, 0.0, 0.0)
+
+
+def test_error_sentences_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        evalb(["(S (NN a))", "(S (NN b))"], ["(S (NN a))", "(S (NN c))"], params=EvalbParams())
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+        "sentence 2: words differ at word 1: gold 'b', test 'c'"
+    ]
+
+
+# ------------------------------------------------------------------------------ corpus
+
+
+@pytest.mark.parametrize(
+    ("gold", "pred", "message"),
+    [
+        (["(S (NN a))", "(S (NN b)"], ["(S (NN a))", "(S (NN b))"],
+         "gold sentence 2:1: unbalanced brackets (tree never closed)"),
+        (["(S (NN a))", "(S (NN b))"], ["(S (NN a))", "(S (NN b)"],
+         "predicted sentence 2:1: unbalanced brackets (tree never closed)"),
+    ],
+)
+def test_evalb_names_the_unreadable_string(gold: list[str], pred: list[str], message: str) -> None:
+    with pytest.raises(DataError) as e:
+        evalb(gold, pred)
+    assert str(e.value) == message
+
+
+def test_evalb_takes_tree_objects() -> None:
+    result = evalb([parse_tree("(S (NP (NN a)) (VP (VB b)))")], [parse_tree("(S (NN a) (VP (VB b)))")])
+    assert result == {"precision": 100.0, "recall": pytest.approx(200 / 3), "f1": pytest.approx(80.0),
+                      "exact_match": 0.0, "sentences": 1, "skipped": 0, "matched": 2, "gold_brackets": 3,
+                      "test_brackets": 2}

@@ -9,7 +9,9 @@ version, as the paper used; commit d2b558728) and ``perl -ple
 
 from __future__ import annotations
 
+import logging
 import random
+import re
 import shutil
 import subprocess
 
@@ -165,12 +167,27 @@ def test_names_and_language() -> None:
                                          "compound splitting, multi-bleu.perl)")
     assert tokenized_bleu_name("de-AT") == tokenized_bleu_name("DE")
     assert tokenized_bleu_name("fr") == "tokenized BLEU (Moses tokenizer fr, multi-bleu.perl)"
-    for lang in (None, "", " "):
-        with pytest.raises(DataError, match="target language"):
-            tokenized_bleu(["a"], ["a"], lang)
     scores = corpus_scores(["Die Haus-Tür ."], ["Die Haus-Tür ."], tokenized=True, tgt_lang="de")
     assert scores["tokenized_bleu_name"] == tokenized_bleu_name("de")
     assert scores["tokenized_bleu_note"] == tokenized_bleu_name("de") + "; NOT comparable to sacreBLEU"
     assert "tok:moses-de+atat" in scores["tokenized_bleu_signature"]
     with pytest.raises(DataError, match="target language"):
         corpus_scores(["a"], ["a"], tokenized=True)
+
+
+@pytest.mark.parametrize("lang", [None, "", " ", "_de"])
+def test_tokenized_bleu_needs_the_target_language(lang: str | None) -> None:
+    message = ("tokenized BLEU needs the target language (it picks the Moses tokenizer's rules and turns on "
+               "compound splitting for German)")
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        tokenized_bleu(["a"], ["a"], lang)
+
+
+def test_tokenized_bleu_does_not_warn_about_tokenized_input(caplog: pytest.LogCaptureFixture) -> None:
+    # The text is tokenized on purpose: sacreBLEU's "100 lines that end in a tokenized
+    # period" warning must not fire.
+    lines = ["Das Haus ist alt.", "Der Hund schläft."] * 60
+    with caplog.at_level(logging.WARNING, logger="sacrebleu"):
+        score, _ = tokenized_bleu(lines, lines, "de")
+    assert score == pytest.approx(100.0)
+    assert caplog.records == []

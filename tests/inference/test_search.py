@@ -15,13 +15,18 @@ from aiayn.inference.search import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
+    SearchHypothesis,
+    _filter_top_k_top_p,
+    _FinishedHypotheses,
     beam_search,
     greedy_search,
     length_penalty,
+    row_topk,
     sample,
     search,
 )
 
+NEG_INF = float("-inf")
 A, B, C = 4, 5, 6  # ordinary tokens; 0-3 are PAD, UNK, BOS, EOS
 VOCAB = 8
 
@@ -173,14 +178,6 @@ def test_length_penalty_changes_the_winner() -> None:
                        _cfg(nbest=2, lenpen=1.0, lenpen_style="fairseq"))[0]
     assert [h.tokens for h in hyps] == [[A], []]
     assert hyps[0].score == pytest.approx(math.log(0.44) / 2)
-
-
-def test_length_penalty_formulas() -> None:
-    assert length_penalty(1.0, 0.6) == pytest.approx(1.0)
-    assert length_penalty(10.0, 0.6) == pytest.approx((15 / 6) ** 0.6)
-    assert length_penalty(10.0, 0.6, "fairseq") == pytest.approx(10 ** 0.6)
-    with pytest.raises(ValueError):
-        length_penalty(3.0, 0.6, "other")
 
 
 def test_min_len_blocks_eos() -> None:
@@ -409,8 +406,6 @@ def test_sampling_is_seeded_and_filters_work() -> None:
 
 
 def test_top_p_keeps_the_nucleus() -> None:
-    from aiayn.inference.search import _filter_top_k_top_p
-
     logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.15), math.log(0.05)]])
     kept = torch.isfinite(_filter_top_k_top_p(logits.clone(), 0, 0.8))
     assert kept.tolist() == [[True, True, False, False]]
@@ -420,10 +415,47 @@ def test_top_p_keeps_the_nucleus() -> None:
     assert kept.tolist() == [[True, True, False, False]]
 
 
+def test_top_k_keeps_exactly_k_and_ties() -> None:
+    logits = torch.tensor([[0.5, 3.0, 1.0, 2.0, -1.0], [1.0, 1.0, 0.0, 1.0, 2.0]])
+    got = _filter_top_k_top_p(logits.clone(), 2, 1.0)
+    assert got.tolist() == [[NEG_INF, 3.0, NEG_INF, 2.0, NEG_INF], [1.0, 1.0, NEG_INF, 1.0, 2.0]]
+    for k in (0, 5, 6):  # 0 = off, k >= vocab: nothing to filter
+        assert torch.equal(_filter_top_k_top_p(logits.clone(), k, 1.0), logits)
+
+
+def test_top_p_one_keeps_even_negligible_tokens() -> None:
+    # In float32 the first token's probability rounds to 1, so a nucleus of 1 would drop the rest.
+    logits = torch.tensor([[0.0, -30.0, -30.0]])
+    assert torch.equal(_filter_top_k_top_p(logits.clone(), 0, 1.0), logits)
+
+
+def test_top_p_nucleus_boundaries() -> None:
+    probs = [0.1, 0.5, 0.05, 0.35]
+    logits = torch.tensor([probs]).log()
+    for top_p, kept in [(0.49, [1]), (0.51, [1, 3]), (0.84, [1, 3]), (0.86, [0, 1, 3]), (0.99, [0, 1, 2, 3])]:
+        got = _filter_top_k_top_p(logits.clone(), 0, top_p)
+        assert got[0].tolist() == [float(logits[0, v]) if v in kept else NEG_INF for v in range(4)], top_p
+
+
+@pytest.mark.parametrize("top_p, n_kept", [(0.25, 1), (0.5, 2), (0.75, 3), (1.0, 4)])
+def test_top_p_stops_where_the_kept_tokens_reach_it(top_p: float, n_kept: int) -> None:
+    # Four equal tokens: cumulated probabilities 0.25, 0.5, 0.75, 1 exactly.
+    got = _filter_top_k_top_p(torch.zeros(1, 4), 0, top_p)
+    assert sorted(got[0].tolist()) == [NEG_INF] * (4 - n_kept) + [0.0] * n_kept
+
+
+def test_top_k_then_top_p() -> None:
+    logits = torch.tensor([[0.1, 0.5, 0.05, 0.35]]).log()
+    # top 3 = {1, 3, 0}: renormalised 0.5/0.95 = 0.526 < 0.6 -> token 3 stays as well
+    got = _filter_top_k_top_p(logits.clone(), 3, 0.6)
+    assert torch.isfinite(got).tolist() == [[False, True, False, True]]
+
+
+# ---------------------------------------------------------------------- row_topk
+
+
 @pytest.mark.parametrize("shape", [(7, 5000), (3, 4096), (2, 130)])
 def test_row_topk_equals_torch_topk(shape: tuple[int, int]) -> None:
-    from aiayn.inference.search import row_topk
-
     torch.manual_seed(0)
     x = torch.randn(shape).log_softmax(-1)
     x[0, :] = float("-inf")  # a row with one finite value (only EOS allowed at the maximum length)
@@ -437,6 +469,18 @@ def test_row_topk_equals_torch_topk(shape: tuple[int, int]) -> None:
         finite = torch.isfinite(ref_vals)  # equal -inf values may come from other columns
         assert torch.equal(cols[finite], ref_cols[finite])
         assert torch.equal(x.gather(1, cols), vals)
+
+
+@pytest.mark.parametrize("v, k, block", [(64, 2, 8), (67, 2, 8), (48, 3, 4), (50, 3, 4), (31, 2, 8)])
+def test_row_topk_small_blocks(v: int, k: int, block: int) -> None:
+    g = torch.Generator().manual_seed(v + k)
+    x = torch.randn(5, v, generator=g)
+    x[1, -1] = 10.0  # the best value in the partial block (when there is one)
+    x[2, :block] = torch.arange(block) + 20.0  # the k best all in the first block
+    vals, cols = row_topk(x, k, block=block)
+    ref_vals, ref_cols = x.topk(k, dim=1)
+    assert torch.equal(vals, ref_vals)
+    assert torch.equal(cols, ref_cols)
 
 
 def test_beam_search_with_a_large_vocabulary_is_unchanged_by_row_topk(monkeypatch) -> None:
@@ -558,3 +602,36 @@ def test_early_termination_when_the_bound_ties_the_finished_score() -> None:
     model = ScriptedModel(lambda s, p: {EOS_ID: 0.4, A: 0.4, B: 0.2})
     [[hyp]] = beam_search(model, _src(0), _cfg())
     assert hyp.tokens == [] and model.steps == 1
+
+
+# ------------------------------------------------------------- finished hypotheses
+
+
+def _hyp(score: float) -> SearchHypothesis:
+    return SearchHypothesis(tokens=[int(-score)], score=score, log_prob=score)
+
+
+def test_finished_keeps_the_best_and_the_nbest_score() -> None:
+    finished = _FinishedHypotheses(3, nbest=2)
+    assert finished.count.tolist() == [0, 0, 0] and finished.count.dtype == torch.long
+    assert finished.nbest_score.tolist() == [NEG_INF] * 3
+    finished.add(1, _hyp(-3.0))
+    assert finished.count.tolist() == [0, 1, 0]
+    assert finished.nbest_score.tolist() == [NEG_INF] * 3  # fewer than nbest
+    finished.add(1, _hyp(-1.0))
+    assert finished.count.tolist() == [0, 2, 0]
+    assert finished.nbest_score.tolist() == [NEG_INF, -3.0, NEG_INF]
+    finished.add(1, _hyp(-2.0))
+    finished.add(0, _hyp(-4.0))
+    assert finished.count.tolist() == [1, 3, 0]
+    assert finished.nbest_score.tolist() == [NEG_INF, -2.0, NEG_INF]
+    assert [[h.score for h in hyps] for hyps in finished.results()] == [[-4.0], [-1.0, -2.0], []]
+    assert [h.score for h in finished.hyps[1]] == [-1.0, -2.0, -3.0]
+
+
+def test_finished_nbest_one() -> None:
+    finished = _FinishedHypotheses(1, nbest=1)
+    for s in (-2.0, -5.0, -1.0):
+        finished.add(0, _hyp(s))
+    assert finished.nbest_score.tolist() == [-1.0]
+    assert [h.tokens for h in finished.results()[0]] == [[1]]

@@ -71,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="padded source tokens per model batch (default 4096)")
     bat.add_argument("--max-batch-sentences", type=int, default=64, help="sentences per model batch (default 64)")
     bat.add_argument("--no-batching", action="store_true",
-                     help="translate requests one at a time (the baseline of docs/benchmarks.md)")
+                     help="translate requests one at a time, each as its own model batch")
     _add_access_flags(p)
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to let in-flight requests finish on SIGTERM/Ctrl+C (default 30)")

@@ -295,7 +295,7 @@ class SentenceScore(_BracketFigures):
 
 
 @dataclass
-class _Raw:
+class _FullTree:
     """One tree (or one EVALB line: a forest) before deletion, over all its words."""
 
     words: list[str] = field(default_factory=list)
@@ -306,27 +306,27 @@ class _Raw:
     """Per word: how many brackets opened before it."""
 
 
-def _read(forest: Iterable[Tree], drop_traces: bool) -> _Raw:
+def _read(forest: Iterable[Tree], drop_traces: bool) -> _FullTree:
     """Words, tags and bracket spans as EVALB reads them. Iterative: predicted trees can be
     hundreds of brackets deep."""
-    raw = _Raw()
+    full = _FullTree()
     for tree in forest:
         # (node, -1) enters a node; (node, k) closes bracket k.
         stack: list[tuple[Tree, int]] = [(tree, -1)]
         while stack:
             node, k = stack.pop()
             if k >= 0:
-                raw.spans[k][2] = len(raw.words)
+                full.spans[k][2] = len(full.words)
             elif node.is_preterminal:
                 if not (drop_traces and node.label == TRACE_TAG):
-                    raw.words.append(node.word or "")
-                    raw.tags.append(node.label)
-                    raw.opened_before.append(len(raw.spans))
+                    full.words.append(node.word or "")
+                    full.tags.append(node.label)
+                    full.opened_before.append(len(full.spans))
             else:
-                raw.spans.append([node.label, len(raw.words), len(raw.words)])
-                stack.append((node, len(raw.spans) - 1))
+                full.spans.append([node.label, len(full.words), len(full.words)])
+                stack.append((node, len(full.spans) - 1))
                 stack.extend((child, -1) for child in reversed(node.children))
-    return raw
+    return full
 
 
 @dataclass
@@ -350,29 +350,29 @@ class _Side:
     quotes: list[_Quote]
 
 
-def _own_keep(raw: _Raw, params: EvalbParams) -> list[bool]:
-    return [tag not in params.delete_labels for tag in raw.tags]
+def _own_keep(full: _FullTree, params: EvalbParams) -> list[bool]:
+    return [tag not in params.delete_labels for tag in full.tags]
 
 
-def _side(raw: _Raw, keep: list[bool], params: EvalbParams) -> _Side:
+def _side(full: _FullTree, keep: list[bool], params: EvalbParams) -> _Side:
     kept_before = [0]
     for k in keep:
         kept_before.append(kept_before[-1] + k)
     quotes = [
         _Quote(
             kept_before[i],
-            raw.opened_before[i],
-            [k for k in range(raw.opened_before[i]) if raw.spans[k][2] > i],
+            full.opened_before[i],
+            [k for k in range(full.opened_before[i]) if full.spans[k][2] > i],
             word,
             tag,
         )
-        for i, (word, tag) in enumerate(zip(raw.words, raw.tags))
+        for i, (word, tag) in enumerate(zip(full.words, full.tags))
         if tag in params.quote_labels and word in QUOTE_WORDS
     ]
     return _Side(
-        words=[w for w, k in zip(raw.words, keep) if k],
-        tags=[t for t, k in zip(raw.tags, keep) if k],
-        brackets=[[label, kept_before[s], kept_before[e]] for label, s, e in raw.spans],
+        words=[w for w, k in zip(full.words, keep) if k],
+        tags=[t for t, k in zip(full.tags, keep) if k],
+        brackets=[[label, kept_before[s], kept_before[e]] for label, s, e in full.spans],
         quotes=quotes,
     )
 
@@ -392,17 +392,17 @@ def _fix_quotes(gold: _Side, test: _Side, params: EvalbParams) -> None:
     """Pair quote-like words by kept position; put back the deleted one of a pair whose
     tags differ. Positions are updated as EVALB does (the put-back word's own included)."""
     deleted = params.delete_labels
-    for i, tq in enumerate(test.quotes):
-        index = tq.index
-        for j, gq in enumerate(gold.quotes):
-            if gq.index != index or gq.tag == tq.tag:
+    for i, test_quote in enumerate(test.quotes):
+        index = test_quote.index
+        for j, gold_quote in enumerate(gold.quotes):
+            if gold_quote.index != index or gold_quote.tag == test_quote.tag:
                 continue
-            if gq.tag in deleted and tq.tag not in deleted:
-                _put_back(gold, gq)
+            if gold_quote.tag in deleted and test_quote.tag not in deleted:
+                _put_back(gold, gold_quote)
                 for q in gold.quotes[j:]:
                     q.index += 1
-            elif tq.tag in deleted and gq.tag not in deleted:
-                _put_back(test, tq)
+            elif test_quote.tag in deleted and gold_quote.tag not in deleted:
+                _put_back(test, test_quote)
                 for q in test.quotes[i:]:
                     q.index += 1
 
@@ -423,10 +423,10 @@ def _check_words(gold: list[str], test: list[str], params: EvalbParams) -> None:
             raise _Unscored(ERROR, f"words differ at word {i + 1}: gold {g!r}, test {t!r}")
 
 
-def _evalb_sides(gold_raw: _Raw, test_raw: _Raw, params: EvalbParams) -> tuple[_Side, _Side]:
+def _evalb_sides(gold_full: _FullTree, test_full: _FullTree, params: EvalbParams) -> tuple[_Side, _Side]:
     """EVALB: each tree loses the words its own tags delete."""
-    gold = _side(gold_raw, _own_keep(gold_raw, params), params)
-    test = _side(test_raw, _own_keep(test_raw, params), params)
+    gold = _side(gold_full, _own_keep(gold_full, params), params)
+    test = _side(test_full, _own_keep(test_full, params), params)
     if not test.words:
         raise _Unscored(SKIP, "no word left in the test tree")
     if len(gold.words) != len(test.words):
@@ -435,11 +435,11 @@ def _evalb_sides(gold_raw: _Raw, test_raw: _Raw, params: EvalbParams) -> tuple[_
     return gold, test
 
 
-def _gold_tag_sides(gold_raw: _Raw, test_raw: _Raw, params: EvalbParams) -> tuple[_Side, _Side]:
+def _gold_tag_sides(gold_full: _FullTree, test_full: _FullTree, params: EvalbParams) -> tuple[_Side, _Side]:
     """Project choice: words aligned one to one, deleted where the gold tag says so."""
-    _check_words(gold_raw.words, test_raw.words, params)
-    keep = _own_keep(gold_raw, params)
-    gold, test = _side(gold_raw, keep, params), _side(test_raw, keep, params)
+    _check_words(gold_full.words, test_full.words, params)
+    keep = _own_keep(gold_full, params)
+    gold, test = _side(gold_full, keep, params), _side(test_full, keep, params)
     if not gold.words:
         raise _Unscored(SKIP, "no word left after deletion")
     return gold, test
@@ -483,14 +483,14 @@ def _crossing(gold: list[tuple[str, int, int]], test: list[tuple[str, int, int]]
     return sum(min_end[s] < e or max_start[e] > s for _, s, e in test)
 
 
-def _score_raw(gold_raw: _Raw, test_raw: _Raw, params: EvalbParams) -> SentenceScore:
-    length = sum(tag not in params.delete_labels_for_length for tag in gold_raw.tags)
+def _score_full_trees(gold_full: _FullTree, test_full: _FullTree, params: EvalbParams) -> SentenceScore:
+    length = sum(tag not in params.delete_labels_for_length for tag in gold_full.tags)
     try:
-        sides = (_gold_tag_sides if params.gold_tags else _evalb_sides)(gold_raw, test_raw, params)
+        sides = (_gold_tag_sides if params.gold_tags else _evalb_sides)(gold_full, test_full, params)
     except _Unscored as e:
         if params.strict and e.status == ERROR:
             raise DataError(str(e)) from None
-        words = sum(_own_keep(gold_raw, params))
+        words = sum(_own_keep(gold_full, params))
         return SentenceScore(length, 0, 0, 0, status=e.status, words=words, error=str(e))
     gold, test = sides
     gold_brackets, test_brackets = _scored_brackets(gold, params), _scored_brackets(test, params)
@@ -507,7 +507,7 @@ def _score_raw(gold_raw: _Raw, test_raw: _Raw, params: EvalbParams) -> SentenceS
 
 def _score_forests(gold: Sequence[Tree], test: Sequence[Tree], params: EvalbParams) -> SentenceScore:
     drop = params.gold_tags  # gold-tag alignment ignores -NONE- elements in both trees
-    return _score_raw(_read(gold, drop), _read(test, drop), params)
+    return _score_full_trees(_read(gold, drop), _read(test, drop), params)
 
 
 def score_sentence(gold: Tree, test: Tree, *, params: EvalbParams | None = None) -> SentenceScore:

@@ -15,10 +15,10 @@ the buffer row that wrote it, a table says which row holds each hypothesis's at 
 position, and the step's self-attention reads through that table, a gather inductor fuses
 into the attention's loads.
 
-The price (measured in docs/benchmarks.md, ``benchmarks/compile_step.py``): each new
-family of shapes compiles for tens of seconds on a 2-core CPU, and the frozen weights are
-copies beside the model's own. So it is for a long-lived process (``aiayn serve
---compile`` compiles at start-up), or a CLI run on an input large enough to pay it back.
+The price (``benchmarks/compile_step.py`` measures it): each new family of shapes
+compiles for tens of seconds on a small CPU, and the frozen weights are copies beside the
+model's own. So it is for a long-lived process (``aiayn serve --compile`` compiles at
+start-up), or a CLI run on an input large enough to pay it back.
 
 The model is not touched: this module re-states the decoder layer's wiring
 (:meth:`aiayn.model.layers.DecoderLayer.step`) over the static cache, calling the
@@ -47,8 +47,8 @@ log = logging.getLogger(__name__)
 
 # Asking for the attention weights selects the explicit softmax(QK^T/sqrt(d))V in every
 # dtype (the weights themselves are dropped, so inductor never computes them beyond the
-# softmax it fuses): the CPU's fused SDPA kernel is slow for a step's one query per row
-# (docs/benchmarks.md), and inductor keeps it as an opaque call.
+# softmax it fuses): the CPU's fused SDPA kernel is slow for a step's one query per row,
+# and inductor keeps it as an opaque call.
 EXPLICIT = True
 
 

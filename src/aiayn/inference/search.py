@@ -18,7 +18,7 @@ Conventions (shared by the three searches):
 * The length ``|Y|`` in the length penalty counts the EOS (fairseq, tensor2tensor):
   ``gnmt``: lp = ((5 + |Y|) / 6)^alpha (the paper's setting, alpha = 0.6);
   ``fairseq``: lp = |Y|^alpha. A hypothesis' score is its summed log-probability / lp.
-* Every search runs the same step on its live rows (:class:`_Run`): one model step ->
+* Every search runs the same step on its live rows (:class:`_OngoingSearch`): one model step ->
   log-probabilities -> the constraints' masks (min/max length, prefix, n-gram repeats) ->
   its own selection (beam top-k, argmax, a draw) -> the rows that chose EOS finish ->
   the model state and the rows are reordered to the survivors and extended.
@@ -147,7 +147,7 @@ def _prefix_tensor(prefix: list[list[int]] | None, n: int, device: torch.device)
 
 
 @dataclass
-class _Constraints:
+class _StepMasks:
     """Everything that masks the next-token distribution at step t."""
 
     min_len: int
@@ -211,18 +211,19 @@ def _ban_repeated_ngrams(lprobs: Tensor, t: int, hist: Tensor, n: int) -> None:
             lprobs[rows, windows[rows, which, -1]] = NEG_INF
 
 
-# Vocabulary blocks of row_topk: 128 measured fastest of 64-512 for a 32,000-word vocabulary.
+# Columns per vocabulary block in row_topk: large enough that the block maxima are few, small
+# enough that the k best blocks leave few candidate columns, for vocabularies of tens of thousands.
 TOPK_BLOCK = 128
 
 
 def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor]:
-    """``x.topk(k, dim=1)`` for (R, V) rows with a large V, several times faster on a CPU.
+    """``x.topk(k, dim=1)`` for (R, V) rows with a large V, computed over a few blocks of columns.
 
     The k largest values of a row lie in the k blocks (of ``block`` columns) with the largest
     maxima: a block outside those has a maximum below k others, each a distinct larger value.
     So: block maxima (one vectorised reduction), the k best blocks, top-k among their k*block
     columns and the last, partial block. torch.topk's CPU kernel selects over all V with a
-    scalar partial sort (256 x 32,000, k = 8: 11.4 ms vs 4.1 ms, docs/benchmarks.md). Values
+    scalar partial sort, slower on a CPU than this vectorised reduction over the rows. Values
     equal torch.topk's; among exactly equal values either may pick a different index. Rows of
     fewer than 4k blocks go to torch.topk.
     """
@@ -232,21 +233,21 @@ def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor
         return x.topk(k, dim=1)
     full = n_blocks * block
     blocks = x[:, :full].unflatten(1, (n_blocks, block))  # (R, n_blocks, block), a view
-    best = blocks.amax(dim=2).topk(k, dim=1).indices  # (R, k)
-    cand = blocks.gather(1, best[:, :, None].expand(-1, -1, block)).flatten(1)  # (R, k*block)
-    cols = (best[:, :, None] * block + torch.arange(block, device=x.device)).flatten(1)
+    best_blocks = blocks.amax(dim=2).topk(k, dim=1).indices  # (R, k)
+    candidates = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, block)).flatten(1)  # (R, k*block)
+    columns = (best_blocks[:, :, None] * block + torch.arange(block, device=x.device)).flatten(1)
     if full < v:  # the partial block is always a candidate
-        cand = torch.cat([cand, x[:, full:]], dim=1)
-        cols = torch.cat([cols, torch.arange(full, v, device=x.device).expand(rows, -1)], dim=1)
-    vals, pos = cand.topk(k, dim=1)  # (R, k)
-    return vals, cols.gather(1, pos)
+        candidates = torch.cat([candidates, x[:, full:]], dim=1)
+        columns = torch.cat([columns, torch.arange(full, v, device=x.device).expand(rows, -1)], dim=1)
+    vals, pos = candidates.topk(k, dim=1)  # (R, k)
+    return vals, columns.gather(1, pos)
 
 
 def step_log_probs(logits: Tensor, normalized: bool) -> Tensor:
     """A step's output (R, V) as float32 log-probabilities: a log-softmax of logits, or
     log-probabilities (``normalized``) as they are."""
     # float32 even when the model ran in bf16: beam scores accumulate over many steps.
-    # (log_softmax(dtype=float32) on bf16 logits measured no faster than this on the CPU.)
+    # (log_softmax(dtype=float32) casts bf16 logits to float32 first too: the same values.)
     # A second log-softmax of log-probabilities would change nothing but the time it takes.
     return logits.float() if normalized else F.log_softmax(logits.float(), dim=-1)
 
@@ -257,7 +258,7 @@ def _trim_attention(steps: Tensor, src_len: int) -> Tensor:
     return a.movedim(0, -2).contiguous()
 
 
-class _Finished:
+class _FinishedHypotheses:
     """Finished hypotheses per sentence, plus the two per-sentence numbers the stopping
     rule needs as tensors: how many have finished, and the score of the nbest-th best."""
 
@@ -283,7 +284,7 @@ class _Finished:
 
 
 @dataclass
-class _Rows:
+class _LiveRows:
     """The live rows -- hypotheses being extended, one model row each -- and what a step needs
     of them. Every per-row tensor follows the rows through :meth:`select`."""
 
@@ -321,7 +322,7 @@ class _Rows:
 
 
 @dataclass
-class _Run:
+class _OngoingSearch:
     """One search's shared part: the model and its state, the live rows, the finished
     hypotheses, and the per-sentence numbers fixed at the start. Each step of every search
     is: :meth:`log_probs` (model step, then the constraints' masks), its own selection,
@@ -329,21 +330,21 @@ class _Run:
 
     model: DecoderModel
     cfg: DecodeConfig
-    cons: _Constraints
+    masks: _StepMasks
     need_attn: bool
     src_len: Tensor  # (B,) on the CPU: |x| per sentence
     max_len: Tensor  # (B,) on the CPU: the most output tokens per sentence
     total_steps: int  # steps that the longest allowed output needs (its EOS included)
     state: Any  # the model's
-    rows: _Rows
-    fin: _Finished
+    rows: _LiveRows
+    finished: _FinishedHypotheses
 
     def log_probs(self, t: int) -> Tensor:
         """Step ``t`` for every live row: the masked next-token log-probabilities (R, V)."""
         rows = self.rows
         logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
         lprobs = step_log_probs(logits, self.model.normalized)
-        lprobs = self.cons.apply(lprobs, t, rows.tokens, rows.max_len, rows.prefix)
+        lprobs = self.masks.apply(lprobs, t, rows.tokens, rows.max_len, rows.prefix)
         if rows.constraint is not None:
             rows.constraint.mask(lprobs, t)
         rows.add_attention(attn)
@@ -352,15 +353,15 @@ class _Run:
     def finish(self, index: Tensor, log_prob: list[float], t: int) -> None:
         """Store rows ``index`` ended by EOS at step ``t`` (t tokens before it) with their
         summed log-probabilities, in that order."""
-        lp = float(length_penalty(float(t + 1), self.cfg.lenpen, self.cfg.lenpen_style))
-        toks = self.rows.tokens.index_select(0, index).tolist()
-        for m, r in enumerate(index.tolist()):
-            s = int(self.rows.sent[r])
+        penalty = float(length_penalty(float(t + 1), self.cfg.lenpen, self.cfg.lenpen_style))
+        tokens_of = self.rows.tokens.index_select(0, index).tolist()
+        for i, row in enumerate(index.tolist()):
+            sent = int(self.rows.sent[row])
             attention = None
             if self.rows.attn is not None:
-                attention = _trim_attention(self.rows.attn[r], int(self.src_len[s]))
-            self.fin.add(s, SearchHypothesis(tokens=toks[m], score=log_prob[m] / lp, log_prob=log_prob[m],
-                                             attention=attention))
+                attention = _trim_attention(self.rows.attn[row], int(self.src_len[sent]))
+            self.finished.add(sent, SearchHypothesis(tokens=tokens_of[i], score=log_prob[i] / penalty,
+                                                     log_prob=log_prob[i], attention=attention))
 
     def reorder(self, index: Tensor, same_sources: bool = False) -> None:
         """Keep rows ``index`` of the model state and of the live rows."""
@@ -370,7 +371,7 @@ class _Run:
 
 def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, nbest: int,
            prefix: list[list[int]] | None, need_attn: bool, pad: int, bos: int, eos: int,
-           constraint: Constraint | None = None) -> _Run | None:
+           constraint: Constraint | None = None) -> _OngoingSearch | None:
     """Encode ``src`` and set up ``copies`` rows per sentence; None for an empty batch."""
     device = src.device
     n_sent = src.size(0)
@@ -385,14 +386,15 @@ def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, 
     if copies > 1:
         state = model.reorder(state, sent.to(device))
     n_rows = sent.numel()
-    rows = _Rows(sent=sent, max_len=max_len.repeat_interleave(copies).to(device),
+    rows = _LiveRows(sent=sent, max_len=max_len.repeat_interleave(copies).to(device),
                  prefix=prefix_all.repeat_interleave(copies, dim=0),
                  prev=torch.full((n_rows,), bos, dtype=torch.long, device=device),
                  tokens=torch.empty(n_rows, 0, dtype=torch.long, device=device))
     if constraint is not None:
         rows.constraint = constraint.start(sent.to(device), rows.max_len)
-    cons = _Constraints(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
-    return _Run(model, cfg, cons, need_attn, src_len, max_len, total_steps, state, rows, _Finished(n_sent, nbest))
+    masks = _StepMasks(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
+    return _OngoingSearch(model, cfg, masks, need_attn, src_len, max_len, total_steps, state, rows,
+                          _FinishedHypotheses(n_sent, nbest))
 
 
 # ----------------------------------------------------------------------- searches
@@ -455,7 +457,7 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
             break
         scores = _advance_beams(run, live, k, done)
     logger.debug("beam search: %d sentences, beam %d, %d steps", src.size(0), cfg.beam, t + 1)
-    return run.fin.results()
+    return run.finished.results()
 
 
 class _Beams(NamedTuple):
@@ -473,59 +475,59 @@ class _Beams(NamedTuple):
         # A beam's score is the same for all of its continuations, so the sentence's c best
         # candidates are among the c best tokens of each of its rows: take those per row,
         # then add the scores to (rows, c) values only, never to a (rows, vocab) tensor.
-        n_row = min(c, lprobs.size(-1))
-        row_vals, row_tok = row_topk(lprobs, n_row)  # (R, c)
-        cand = (scores.view(-1, 1) + row_vals).view(n, k * n_row)
-        top_scores, top_pos = cand.topk(min(c, k * n_row), dim=1)  # (n, c), best first
-        top_beam = torch.div(top_pos, n_row, rounding_mode="floor")
-        return _Beams(top_scores, top_beam, row_tok.view(n, k * n_row).gather(1, top_pos))
+        per_row = min(c, lprobs.size(-1))
+        row_vals, row_tok = row_topk(lprobs, per_row)  # (R, c)
+        candidates = (scores.view(-1, 1) + row_vals).view(n, k * per_row)
+        top_scores, top_pos = candidates.topk(min(c, k * per_row), dim=1)  # (n, c), best first
+        top_beam = torch.div(top_pos, per_row, rounding_mode="floor")
+        return _Beams(top_scores, top_beam, row_tok.view(n, k * per_row).gather(1, top_pos))
 
     def live(self, is_eos: Tensor, k_beam: int) -> _Beams:
         """The ``k_beam`` best candidates that do not end in EOS (stable order, best first)."""
         n_cand = self.scores.size(1)
         rank = is_eos.long() * n_cand + torch.arange(n_cand, device=is_eos.device)
-        sel = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
-        return _Beams(*(x.gather(1, sel) for x in self))
+        chosen = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
+        return _Beams(*(x.gather(1, chosen) for x in self))
 
 
-def _finish_beams(run: _Run, top: _Beams, is_eos: Tensor, k: int, t: int) -> None:
+def _finish_beams(run: _OngoingSearch, top: _Beams, is_eos: Tensor, k: int, t: int) -> None:
     """Finish the hypotheses that chose EOS among their sentence's K best candidates (with a
     finite score); each sentence has k rows."""
     k_beam = run.cfg.beam
-    fin_mask = is_eos[:, :k_beam] & torch.isfinite(top.scores[:, :k_beam])
-    if bool(fin_mask.any()):
-        rows_i, cols_j = fin_mask.nonzero(as_tuple=True)
-        parents = rows_i * k + top.beam[rows_i, cols_j]
-        run.finish(parents, top.scores[rows_i, cols_j].tolist(), t)
+    finishing = is_eos[:, :k_beam] & torch.isfinite(top.scores[:, :k_beam])
+    if bool(finishing.any()):
+        sent_idx, cand_idx = finishing.nonzero(as_tuple=True)
+        parents = sent_idx * k + top.beam[sent_idx, cand_idx]
+        run.finish(parents, top.scores[sent_idx, cand_idx].tolist(), t)
 
 
-def _beams_done(run: _Run, live: _Beams, k: int, lp_at_max: Tensor, t: int) -> Tensor:
+def _beams_done(run: _OngoingSearch, live: _Beams, k: int, lp_at_max: Tensor, t: int) -> Tensor:
     """(n,) bool on the CPU: the sentences (k rows each) whose search is over after step ``t``."""
     cfg = run.cfg
     sent = run.rows.sent[::k]  # (n,) each live sentence's index in src
     best_live = live.scores[:, 0].cpu()
     lp_next = float(length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_style))
     bound = best_live / lp_at_max[sent].clamp(min=lp_next)
-    count = run.fin.count[sent]
+    count = run.finished.count[sent]
     done = (count >= cfg.beam) | ~torch.isfinite(best_live)
-    done |= (count >= cfg.nbest) & (run.fin.nbest_score[sent] >= bound)
+    done |= (count >= cfg.nbest) & (run.finished.nbest_score[sent] >= bound)
     return done
 
 
-def _advance_beams(run: _Run, live: _Beams, k: int, done: Tensor) -> Tensor:
+def _advance_beams(run: _OngoingSearch, live: _Beams, k: int, done: Tensor) -> Tensor:
     """Drop the done sentences, move every row (k per sentence) to its live beam's parent and
     extend it with the beam's token; returns the new beam scores (n', K)."""
     n = live.scores.size(0)
     device = live.scores.device
     some_done = bool(done.any())
     if some_done:
-        sents = (~done).nonzero(as_tuple=True)[0].to(device)
-        live = _Beams(*(x[sents] for x in live))
+        kept = (~done).nonzero(as_tuple=True)[0].to(device)
+        live = _Beams(*(x[kept] for x in live))
     else:
-        sents = torch.arange(n, device=device)
+        kept = torch.arange(n, device=device)
     # Rows stay with their sentence unless sentences left or the beams were just created.
     same_sources = not some_done and k == live.scores.size(1)
-    run.reorder((sents[:, None] * k + live.beam).view(-1), same_sources=same_sources)
+    run.reorder((kept[:, None] * k + live.beam).view(-1), same_sources=same_sources)
     run.rows.extend(live.tok.view(-1))
     return live.scores
 
@@ -562,23 +564,23 @@ def _filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
     """Set logits outside the top-k / nucleus to -inf, in place. logits (R, V)."""
     vocab = logits.size(-1)
     if 0 < top_k < vocab:
-        kth = logits.topk(top_k, dim=-1)[0][:, -1:]
-        logits.masked_fill_(logits < kth, NEG_INF)
+        kth_best = logits.topk(top_k, dim=-1)[0][:, -1:]
+        logits.masked_fill_(logits < kth_best, NEG_INF)
     if top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # Drop a token when the tokens before it already reach top_p (the first always stays).
-        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= top_p
         drop = torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted)
         logits.masked_fill_(drop, NEG_INF)
     return logits
 
 
-def _draw(lprobs: Tensor, cfg: DecodeConfig, gen: torch.Generator | None) -> Tensor:
+def _draw(lprobs: Tensor, cfg: DecodeConfig, generator: torch.Generator | None) -> Tensor:
     """One token per row (R,) drawn from the tempered, top-k / nucleus-filtered ``lprobs``."""
     # Masks carry over (-inf stays -inf); temperature and filters only shape the draw.
     draw = _filter_top_k_top_p(lprobs / cfg.temperature, cfg.top_k, cfg.top_p)
-    return torch.multinomial(draw.softmax(dim=-1), 1, generator=gen)[:, 0]
+    return torch.multinomial(draw.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
 def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, greedy: bool,
@@ -590,14 +592,14 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
                  prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos, constraint=constraint)
     if run is None:
         return []
-    gen = None
+    generator = None
     if not greedy:
-        gen = torch.Generator(device=src.device)
-        gen.manual_seed(cfg.seed)
+        generator = torch.Generator(device=src.device)
+        generator.manual_seed(cfg.seed)
     scores = torch.zeros(run.rows.prev.numel(), device=src.device)  # (R,) summed log-probabilities
     for t in range(run.total_steps):
         lprobs = run.log_probs(t)
-        tok = lprobs.argmax(dim=-1) if greedy else _draw(lprobs, cfg, gen)
+        tok = lprobs.argmax(dim=-1) if greedy else _draw(lprobs, cfg, generator)
         scores = scores + lprobs.gather(1, tok[:, None])[:, 0]
         ended = tok == eos
         if bool(ended.any()):
@@ -609,7 +611,7 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
             run.reorder(keep)
             scores, tok = scores[keep], tok[keep]
         run.rows.extend(tok)
-    return run.fin.results()
+    return run.finished.results()
 
 
 __all__ = [

@@ -47,9 +47,8 @@ from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID
 log = logging.getLogger(__name__)
 
 # How bf16 runs: "cast" converts the weights (of the inference copy); "autocast" keeps fp32
-# weights and lets torch.autocast pick per op. On the 2-core CPU of
-# benchmarks/decode_speed_notes.md, casting the weights was the faster of the two, with the
-# same outputs on the test models; autocast re-casts every weight matrix at every step.
+# weights and lets torch.autocast pick per op. Casting is the faster of the two, with the
+# same outputs on the test models: autocast re-casts every weight matrix at every step.
 BF16_MODE = "cast"
 
 
@@ -132,7 +131,7 @@ class Translator:
     are quantized (``aiayn.inference.quantize``, CPU only); log-probabilities are always
     computed in float32. With ``compile=True`` the decoding steps run a graph compiled by
     ``torch.compile`` (``aiayn.inference.compiled``): the first batches of each shape family
-    take tens of seconds to compile, later ones run faster (docs/benchmarks.md).
+    take tens of seconds to compile, later ones run faster.
 
     ``model`` may be a list of models sharing ``tokenizer``: they are decoded as an ensemble
     (``self.decoder`` is then an ``EnsembleDecoder``; ``self.model`` is the first one's copy).

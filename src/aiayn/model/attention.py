@@ -23,9 +23,8 @@ def scaled_dot_product_attention(
     the output (B, H, T, d_v) and the probabilities (B, H, T, S) as well (0 on masked keys, rows summing to 1).
 
     On a CPU in bf16/fp16 the explicit formula also serves when no weights are wanted:
-    PyTorch's CPU flash kernel is several times slower there for translation-length
-    sequences (forward and backward; measured in docs/benchmarks.md), while two batched
-    matmuls run on the bf16 matrix units.
+    PyTorch's CPU flash kernel is slower there for translation-length sequences (forward
+    and backward), while two batched matmuls run on the bf16 matrix units.
     """
     if not need_weights and not _explicit_is_faster(q):
         out = F.scaled_dot_product_attention(
@@ -46,7 +45,7 @@ def scaled_dot_product_attention(
 
 def _explicit_is_faster(q: Tensor) -> bool:
     # Decoding steps included (one query per row; a beam's K over shared cross-attention
-    # keys): the CPU flash kernel was slower there too in bf16 (docs/benchmarks.md).
+    # keys): the CPU flash kernel is slower there too in bf16.
     return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
 
 

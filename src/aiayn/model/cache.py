@@ -6,7 +6,7 @@ computed once from the encoder output and reused at every step. Beam search call
 :meth:`KVCache.reorder` to follow the surviving hypotheses (and to drop finished
 sentences: the index may be shorter than the batch).
 
-Two things keep a beam step cheap on a CPU (measured in docs/benchmarks.md):
+Two things keep a beam step cheap on a CPU:
 
 * **Cross-attention keys/values are stored once per source**, not once per row. Beam
   search keeps a sentence's K rows together, so the rows form ``groups`` of equal size

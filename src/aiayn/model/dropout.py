@@ -1,14 +1,13 @@
 """Dropout (paper section 5.4) with a cheaper mask on CPUs.
 
-``torch.bernoulli_`` draws one double per element from the CPU generator; on this
-project's CPU a mask for a 4,096 x 512 activation took ~28 ms, about 11-15% of a
-Transformer-base training step (docs/benchmarks.md). Here every 64-bit draw of the same
-generator (``random_`` over the full int64 range) is split into four 16-bit uniforms, and
-an element is dropped when its uniform falls below ``round(p * 65536)``: one quarter of the
-draws, ~8 ms for the same mask. The drop probability is therefore ``p`` rounded to a
+``torch.bernoulli_`` draws one double per element from the CPU generator, a visible share
+of a training step's time on a CPU. Here every 64-bit draw of the same generator
+(``random_`` over the full int64 range) is split into four 16-bit uniforms, and an element
+is dropped when its uniform falls below ``round(p * 65536)``: a quarter of the draws for
+the same mask. The drop probability is therefore ``p`` rounded to a
 multiple of 1/65,536 (0.1 -> 0.100006). The mask is kept as 0/1 in the activation's dtype
 and applied by multiplication, never as a bool tensor: torch's CPU kernels that read bools
-(``masked_fill_``, ``where``) run several times slower than a multiplication. The stream
+(``masked_fill_``, ``where``) are slower than a multiplication. The stream
 comes from torch's generator, so ``torch.manual_seed`` and the checkpointed RNG state make
 runs and resumes reproducible exactly as with ``nn.Dropout``. On GPUs ``F.dropout`` (Philox,
 fused) is used unchanged.

@@ -33,17 +33,16 @@ HELD_OUT_SEED = 987_654
 
 
 def synthetic_config(task: str = "reverse", seed: int = 1) -> Config:
-    """A small model that learns ``task`` to >= 95% exact match in a few minutes on 2 cores.
+    """A small model that learns ``task`` to >= 95% exact match in a few minutes on a CPU.
 
     The shape of configs/tiny_synthetic.yaml, trained longer and without dropout (the task
     is deterministic), because exact match needs every token of the longest sequences
-    right, not only most tokens: at 1,000 steps with lengths up to 12, lengths 3-10 were
-    ~95% right but 11-12 only ~50%; lengths 3-10 and 1,500 steps give 96.5% (measured on
-    this CPU, docs/benchmarks.md).
+    right, not only most tokens, and the longest sequences are learnt last: so lengths
+    stop at 10 and training runs 1,500 steps.
 
     Once the task is learnt the training loss sits at the label-smoothing floor, gradients
-    are tiny, and Adam (eps 1e-9) occasionally takes a large step: single checkpoints swing
-    between 100% and 23% held-out accuracy (docs/benchmarks.md), and which one is last depends
+    are tiny, and Adam (eps 1e-9) occasionally takes a large step: the held-out accuracy of
+    single checkpoints swings from perfect to poor and back, and which one is last depends
     on the CPU's kernels and the thread count. So the demo keeps the checkpoint with the best
     BLEU of beam search on the validation set (the quantity the demo reports, unlike the
     smoothed loss) and translates with it; a gentler rate (0.1 x noam, gradients clipped at

@@ -1,7 +1,7 @@
 """torchrun support: process group, device per rank, and the few collectives the trainer uses.
 
 ``torchrun --nproc_per_node N -m aiayn train ...`` sets ``RANK``, ``WORLD_SIZE`` and
-``LOCAL_RANK``; we then join a process group (NCCL on CUDA, gloo on CPU). A plain
+``LOCAL_RANK``; the process then joins a process group (NCCL on CUDA, gloo on CPU). A plain
 ``aiayn train`` is a world of one and none of this costs anything.
 """
 

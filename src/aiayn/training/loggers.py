@@ -35,23 +35,23 @@ class ScalarLogger(Protocol):
     def close(self) -> None: ...
 
 
-def selected(tc: TrainConfig) -> list[str]:
+def selected(train_config: TrainConfig) -> list[str]:
     """The loggers besides metrics.jsonl, in the order named; the deprecated
     ``train.tensorboard: true`` adds tensorboard."""
-    names = [name for name in tc.loggers if name != "jsonl"]
-    if tc.tensorboard:
+    names = [name for name in train_config.loggers if name != "jsonl"]
+    if train_config.tensorboard:
         names.append("tensorboard")
     return list(dict.fromkeys(names))
 
 
-def check_available(tc: TrainConfig) -> None:
+def check_available(train_config: TrainConfig) -> None:
     """A :class:`ConfigError` naming the field and the pip command if a logger's package is
     missing: checked before the run starts, not at its first log line."""
-    for name in selected(tc):
+    for name in selected(train_config):
         try:
             importlib.import_module(_MODULES[name])
         except ImportError:
-            field = "train.loggers" if name in tc.loggers else "train.tensorboard"
+            field = "train.loggers" if name in train_config.loggers else "train.tensorboard"
             raise ConfigError(f'{field}: {name} is not installed: pip install "aiayn[{name}]" '
                               f"(or leave {name} out of train.loggers)") from None
 
@@ -91,13 +91,13 @@ class WandbLogger:
     """A W&B run named after the run directory; its id is kept in ``run_dir/wandb_run_id``
     so that a resumed run continues it. The configuration is logged when it starts."""
 
-    def __init__(self, run_dir: Path, tc: TrainConfig, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, train_config: TrainConfig, config: dict[str, Any]) -> None:
         import wandb
 
         id_file = run_dir / WANDB_ID_FILE
         run_id = id_file.read_text(encoding="utf-8").strip() if id_file.is_file() else None
-        options: dict[str, Any] = {"project": tc.wandb_project, "id": run_id, "resume": "allow",
-                                   "name": tc.wandb_run_name or run_dir.resolve().name}
+        options: dict[str, Any] = {"project": train_config.wandb_project, "id": run_id, "resume": "allow",
+                                   "name": train_config.wandb_run_name or run_dir.resolve().name}
         if run_id is None:
             options["config"] = config
         if not os.environ.get("WANDB_DIR"):  # beside the run's other files, unless told otherwise
@@ -117,17 +117,18 @@ class WandbLogger:
         self.run.finish()
 
 
-def open_loggers(tc: TrainConfig, run_dir: Path, config: dict[str, Any], start_step: int) -> list[ScalarLogger]:
+def open_loggers(train_config: TrainConfig, run_dir: Path, config: dict[str, Any],
+                 start_step: int) -> list[ScalarLogger]:
     """The loggers of ``train.loggers`` for a run in ``run_dir`` starting at ``start_step``
     (``config``: the whole configuration, for W&B)."""
-    if tc.tensorboard:
+    if train_config.tensorboard:
         log.warning("train.tensorboard is deprecated: write train.loggers: [jsonl, tensorboard]")
-    check_available(tc)
+    check_available(train_config)
     opened: list[ScalarLogger] = []
     try:
-        for name in selected(tc):
+        for name in selected(train_config):
             opened.append(TensorBoardLogger(run_dir, start_step) if name == "tensorboard"
-                          else WandbLogger(run_dir, tc, config))
+                          else WandbLogger(run_dir, train_config, config))
     except BaseException:
         close_all(opened)
         raise

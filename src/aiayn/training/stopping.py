@@ -37,9 +37,10 @@ class StoppingRules:
     patience: int = 0  # validations in a row without improvement
 
     @classmethod
-    def from_config(cls, tc: TrainConfig) -> StoppingRules:
-        return cls(max_steps=tc.max_steps, max_epochs=tc.max_epochs, max_time_minutes=tc.max_time_minutes,
-                   max_nonfinite=tc.max_nonfinite, patience=tc.patience)
+    def from_config(cls, train_config: TrainConfig) -> StoppingRules:
+        return cls(max_steps=train_config.max_steps, max_epochs=train_config.max_epochs,
+                   max_time_minutes=train_config.max_time_minutes, max_nonfinite=train_config.max_nonfinite,
+                   patience=train_config.patience)
 
     def steps_done(self, step: int) -> bool:
         return bool(self.max_steps) and step >= self.max_steps

@@ -1,26 +1,37 @@
-"""Configuration: dataclasses, named presets, YAML files and dotted overrides.
+"""The four sections of an experiment and the whole: ``Config(model, data, train, decode)``.
 
-One experiment = ``Config(model, data, train, decode)``. Every field has the paper's
-value as its default where the paper gives one (see ``../shared/PAPER.md``); variants
-are options. Unknown keys and impossible values are :class:`ConfigError`s that name
-the field, e.g. ``model.n_heads: d_model=512 is not divisible by n_heads=7``.
+Every field has the paper's value as its default where the paper gives one; variants are
+options. Each section's ``validate`` raises a :class:`ConfigError` naming the field, e.g.
+``model.n_heads: d_model=512 is not divisible by n_heads=7``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-import types
-import typing
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
+from aiayn.config.coercion import to_dict
+from aiayn.config.options import DecodeOption, HttpField, decode_option
 from aiayn.errors import ConfigError
+
+# ---------------------------------------------------------------------- validation
+
+
+def _check_finite(section: Any, prefix: str) -> None:
+    """NaN or infinity in a numeric field is a mistake (``--lenpen nan`` would decode silently)."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}.{f.name}: must be a finite number, got {value}")
+
+
+def _choice(prefix: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    """``value`` is one of ``choices``, else an error listing them."""
+    if value not in choices:
+        raise ConfigError(f"{prefix}.{name}: {value!r} is not one of {', '.join(choices)}")
+
 
 # --------------------------------------------------------------------------- model
 
@@ -166,7 +177,8 @@ class DataConfig:
 
     # A known corpus (see aiayn.data.datasets), or None for user files / synthetic.
     dataset: str | None = None
-    # A mirror folder holding the corpus files (e.g. ../shared/data); also $AIAYN_DATA_MIRROR.
+    # A mirror folder holding the corpus files (`--data-dir`; None: $AIAYN_DATA_MIRROR);
+    # files the mirror lacks are downloaded into download_dir.
     data_dir: str | None = None
     src_lang: str = "en"
     tgt_lang: str = "de"
@@ -437,43 +449,6 @@ INFERENCE_DTYPES = ("fp32", "bf16", "fp16", "int8")
 LENPEN_STYLES = ("gnmt", "fairseq")
 
 
-@dataclass(frozen=True)
-class HttpField:
-    """How a decoding option appears in ``POST /v1/translate`` (:mod:`aiayn.serving.schemas`).
-
-    ``position`` orders the request's fields as the API first published them (its OpenAPI
-    schema and the "known fields" of an ``unknown_field`` error); the request-only fields
-    ``texts`` (0) and ``attention`` (3) sit among them.
-    """
-
-    ge: int | float
-    le: int | float
-    position: int
-    description: str | None = None
-
-
-@dataclass(frozen=True)
-class DecodeOption:
-    """What the command lines and the HTTP API need to know about one :class:`DecodeConfig`
-    field; the field's own type and default are the rest.
-
-    ``cli=False`` marks an option as config-only (YAML ``decode:`` section and ``decode.x=``
-    overrides, no flag). ``argument=True``: the value is an argument of every call
-    (``translate_detailed(nbest=...)``), defaulting to the field's default, not to the
-    checkpoint's, so it is never one of the "overrides".
-    """
-
-    help: str
-    flag: str | None = None  # None: --field-name
-    choices: tuple[str, ...] | None = None
-    cli: bool = True
-    http: HttpField | None = None
-    argument: bool = False
-
-
-def _option(default: Any, help: str, **meta: Any) -> Any:
-    return field(default=default, metadata={"option": DecodeOption(help, **meta)})
-
 
 @dataclass
 class DecodeConfig:
@@ -484,30 +459,30 @@ class DecodeConfig:
     request body (:mod:`aiayn.serving.schemas`).
     """
 
-    beam: int = _option(4, "beam size; 1 = greedy",
+    beam: int = decode_option(4, "beam size; 1 = greedy",
                         http=HttpField(ge=1, le=64, position=1, description="beam size (1 = greedy)"))
-    lenpen: float = _option(0.6, "length-penalty alpha",
+    lenpen: float = decode_option(0.6, "length-penalty alpha",
                             http=HttpField(ge=0.0, le=10.0, position=4,
                                            description="length-penalty alpha (0.6 in the paper)"))
-    lenpen_style: str = _option("gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper); fairseq: |Y|^alpha",
+    lenpen_style: str = decode_option("gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper); fairseq: |Y|^alpha",
                                 choices=LENPEN_STYLES)
-    max_len_a: float = _option(1.0, "max output tokens = a * source tokens + b",
+    max_len_a: float = decode_option(1.0, "max output tokens = a * source tokens + b",
                                http=HttpField(ge=0.0, le=10.0, position=5,
                                               description="max output length = a * source length + b"))
-    max_len_b: int = _option(50, "see --max-len-a", http=HttpField(ge=0, le=1024, position=6))
-    min_len: int = _option(0, "output tokens before EOS is allowed", http=HttpField(ge=0, le=1024, position=7))
-    nbest: int = _option(1, "hypotheses per sentence (<= beam; default 1)", argument=True,
+    max_len_b: int = decode_option(50, "see --max-len-a", http=HttpField(ge=0, le=1024, position=6))
+    min_len: int = decode_option(0, "output tokens before EOS is allowed", http=HttpField(ge=0, le=1024, position=7))
+    nbest: int = decode_option(1, "hypotheses per sentence (<= beam; default 1)", argument=True,
                          http=HttpField(ge=1, le=64, position=2,
                                         description="hypotheses returned per sentence (<= beam)"))
-    no_repeat_ngram_size: int = _option(0, "forbid repeating n-grams of this size",
+    no_repeat_ngram_size: int = decode_option(0, "forbid repeating n-grams of this size",
                                         http=HttpField(ge=0, le=16, position=8))
-    batch_tokens: int = _option(4096, "padded source tokens per batch")
-    sampling: bool = _option(False, "sample instead of searching: --beam K independent samples, "
+    batch_tokens: int = decode_option(4096, "padded source tokens per batch")
+    sampling: bool = decode_option(False, "sample instead of searching: --beam K independent samples, "
                                     "the --nbest best returned")
-    temperature: float = _option(1.0, "sampling temperature")
-    top_k: int = _option(0, "sample among the k most probable tokens (0 = all)")
-    top_p: float = _option(1.0, "nucleus sampling threshold (1 = off)")
-    seed: int = _option(0, "sampling seed")
+    temperature: float = decode_option(1.0, "sampling temperature")
+    top_k: int = decode_option(0, "sample among the k most probable tokens (0 = all)")
+    top_p: float = decode_option(1.0, "nucleus sampling threshold (1 = off)")
+    seed: int = decode_option(0, "sampling seed")
 
     def validate(self, prefix: str = "decode") -> None:
         _check_finite(self, prefix)
@@ -565,177 +540,3 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
-
-
-# ------------------------------------------------------------------- (de)serializing
-
-
-def _check_finite(section: Any, prefix: str) -> None:
-    """NaN or infinity in a numeric field is a mistake (``--lenpen nan`` would decode silently)."""
-    for f in dataclasses.fields(section):
-        value = getattr(section, f.name)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{prefix}.{f.name}: must be a finite number, got {value}")
-
-
-def _choice(prefix: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{prefix}.{name}: {value!r} is not one of {', '.join(choices)}")
-
-
-def to_dict(obj: Any) -> Any:
-    """Plain dicts/lists/scalars (YAML- and JSON-safe) from nested config dataclasses."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    return obj
-
-
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check/convert one YAML value against a field's type annotation."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        return _coerce_union(value, tp, where)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        item = typing.get_args(tp)[0]
-        return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
-    if tp in _SCALARS:
-        return _SCALARS[tp](value, where)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(typing.cast(type, tp), value, where)
-    return value
-
-
-def _coerce_union(value: Any, tp: Any, where: str) -> Any:
-    args = typing.get_args(tp)
-    if value is None and type(None) in args:
-        return None
-    for arg in args:
-        if arg is type(None):
-            continue
-        try:
-            return _coerce(value, arg, where)
-        except ConfigError:
-            continue
-    raise ConfigError(f"{where}: {value!r} has the wrong type (expected {tp})")
-
-
-def _as_bool(value: Any, where: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise ConfigError(f"{where}: expected true or false, got {value!r}")
-
-
-def _as_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    return value
-
-
-def _as_float(value: Any, where: str) -> float:
-    if isinstance(value, str):
-        # YAML 1.1 reads "1e-3" (no dot) as a string; accept what Python reads as a float.
-        try:
-            return float(value)
-        except ValueError:
-            pass
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
-    return float(value)
-
-
-def _as_str(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
-    return value
-
-
-_SCALARS: dict[Any, Callable[[Any, str], Any]] = {bool: _as_bool, int: _as_int, float: _as_float, str: _as_str}
-
-
-def from_dict(cls: type, data: Any, where: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping; unknown keys are errors naming the field."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"{path}: unknown field{hint}")
-        kwargs[key] = _coerce(value, hints[key], path)
-    return cls(**kwargs)
-
-
-def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Apply ``section.field=value`` strings; values are parsed as YAML scalars."""
-    data = to_dict(cfg)
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected section.field=value")
-        key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        if len(parts) != 2 or parts[0] not in data:
-            raise ConfigError(
-                f"override {item!r}: expected one of {', '.join(data)} followed by .field"
-            )
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {item!r}: cannot parse value: {exc}") from None
-        data[parts[0]][parts[1]] = value
-    return config_from_dict(data)
-
-
-def config_from_dict(data: dict[str, Any], where: str = "") -> Config:
-    """A validated :class:`Config` from a mapping; a ``model.preset`` key selects a preset."""
-    data = dict(data or {})
-    model = dict(data.get("model") or {})
-    preset = model.pop("preset", None)
-    if preset is not None:
-        if preset not in MODEL_PRESETS:
-            raise ConfigError(f"{where}model.preset: unknown preset {preset!r}; "
-                              f"choose from {sorted(MODEL_PRESETS)}")
-        model = {**MODEL_PRESETS[preset], **model}
-    data["model"] = model
-    try:
-        cfg = from_dict(Config, data)
-        cfg.validate()
-    except ConfigError as exc:
-        raise ConfigError(f"{where}{exc}") from None
-    return cfg
-
-
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Load a YAML experiment file, then apply dotted overrides."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc})") from None
-    if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with model/data/train/decode sections")
-    cfg = config_from_dict(data or {}, where=f"{path}: ")
-    if overrides:
-        cfg = apply_overrides(cfg, overrides)
-    return cfg
-
-
-def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(dump_config(cfg), encoding="utf-8")
-
-
-def dump_config(cfg: Config) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
