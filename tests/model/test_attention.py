@@ -60,7 +60,7 @@ def test_bf16_cpu_uses_explicit_path_with_same_result() -> None:
 
 def test_bf16_cpu_decoding_step_skips_the_flash_kernel(monkeypatch) -> None:
     """A decoding step's single query row in bf16 on a CPU takes the explicit formula too
-    (the flash kernel was slower there, docs/benchmarks.md), with the fp32 numbers."""
+    (the flash kernel is slower for a single query row there), with the fp32 numbers."""
     torch.manual_seed(0)
     q, k, v = torch.randn(6, 4, 1, 8), torch.randn(6, 4, 9, 8), torch.randn(6, 4, 9, 8)
     ref, _ = scaled_dot_product_attention(q, k, v)

@@ -135,7 +135,7 @@ def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``uvicorn.Config`` arguments that come from the command line."""
     return {
         "host": args.host, "port": args.port, "log_level": args.log_level, "access_log": args.access_log,
-        # Our timers close idle connections; uvicorn's keep-alive timer only backs them up.
+        # The connection timers close idle connections; uvicorn's keep-alive timer backs them up.
         "timeout_keep_alive": math.ceil(max(args.header_timeout, args.keep_alive_timeout)) + 1,
         "timeout_graceful_shutdown": args.graceful_timeout,
     }

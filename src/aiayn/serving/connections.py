@@ -16,7 +16,7 @@ A connection that has had an answer may stay idle for ``keep_alive_s`` before it
 request's first byte (then the header deadline applies from that byte): far longer than
 the 5 s after which httpx and most client pools drop an idle connection, so a client,
 even a slow, overloaded one, does not send on a connection the server is closing.
-uvicorn's own keep-alive timer is set to fire after ours.
+uvicorn's own keep-alive timer is set to fire after these.
 
 At ``max_connections`` open connections, a new one evicts the connection that has waited
 longest for its first request's headers, if that one has waited at least
