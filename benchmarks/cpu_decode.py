@@ -34,7 +34,7 @@ def build_models(root: Path) -> None:
     from aiayn.checkpoint.io import save_checkpoint
     from aiayn.config import Config, model_preset
     from aiayn.interop.ctranslate2 import convert_hf_dir
-    from aiayn.interop.hf_marian import save_hf_dir
+    from aiayn.interop.hf_export import save_hf_dir
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
 
@@ -168,7 +168,7 @@ def main() -> None:
     W.print_table("beam-4 decoding, base, 64 x 40 generated tokens, 2 threads", rows, reference)
     print("first (warm-up) call, compiling included: " + ", ".join(
         f"{r['dtype']} {r['first_call_s']:.1f} s" for r in rows if r.get("first_call_s") is not None))
-    # decoding cost per generated token, from the CPU-performance issue
+    # the base model's decoding cost per generated token, in FLOPs (an estimate)
     W.report_ceiling(ok, rows, flop_per_token=330e6, json_path=args.json)
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ int64 reference):
 * ``onednn`` (x86 builds of torch): oneDNN's int8 linear, the kernel torch's own x86 int8
   path uses. It reads x8 as uint8 with zero point 128 (its fast kernels want an unsigned
   input) and multiplies by s_w inside the matmul, so only s_x and b are left: 2 cheap
-  passes. On this project's CPU the 256 x 512 x 32,000 vocabulary projection of a beam
-  step: float32 49 ms, ``int_mm`` 27 ms, ``onednn`` 17 ms (docs/benchmarks.md).
+  passes. Where it is available it is the faster of the two (docs/benchmarks.md).
 * ``int_mm``: ``torch._int_mm`` (int8 x int8 -> int32) and the scaling as separate passes,
   wherever oneDNN's op is missing.
 
-Only the inference path uses it: :func:`aiayn.inference.prepare.prepare_for_inference`
+Only the inference path uses it: :func:`aiayn.inference.optimize.optimize_for_inference`
 swaps these layers into its copy of a model, never into the model itself. The embeddings,
 LayerNorms and attention's score/value products stay in float32. A quantized copy cannot
 be trained or saved as a checkpoint.
