@@ -53,7 +53,7 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
 
     All-zero rows get the smallest positive scale (their int8 row is zero either way)."""
     scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX).clamp_(min=_TINY)
-    # round, then convert: float -> int8 truncates (and is several times faster than -> uint8)
+    # round, then convert: float -> int8 truncates (and costs less than float -> uint8)
     return (x / scale).round_().to(torch.int8), scale
 
 

@@ -174,8 +174,9 @@ def check_marian_dir(hf_dir: Path) -> dict[str, Any]:
 def _import_checks(hf_config: Any, hf_dir: Path) -> str:
     """The aiayn activation name; errors for what aiayn cannot represent."""
     reasons = []
-    act = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}.get(hf_config.activation_function)
-    if act is None:
+    activation = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}.get(
+        hf_config.activation_function)
+    if activation is None:
         reasons.append(f"activation_function={hf_config.activation_function!r} (aiayn has relu, gelu, swish)")
     if not hf_config.scale_embedding:
         reasons.append("scale_embedding=false (aiayn always scales embeddings by sqrt(d_model))")
@@ -185,7 +186,7 @@ def _import_checks(hf_config: Any, hf_dir: Path) -> str:
         reasons.append("different encoder and decoder FFN sizes")
     if reasons:
         raise InteropError(f"{hf_dir}: cannot import: " + "; ".join(reasons))
-    return act  # type: ignore[return-value]
+    return activation  # type: ignore[return-value]
 
 
 def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokenizer]:
