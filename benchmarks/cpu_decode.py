@@ -36,7 +36,7 @@ def build_models(root: Path) -> None:
     from aiayn.checkpoint.io import save_checkpoint
     from aiayn.config import Config, model_preset
     from aiayn.interop.ctranslate2 import convert_hf_dir
-    from aiayn.interop.hf_marian import save_hf_dir
+    from aiayn.interop.hf_export import save_hf_dir
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
 

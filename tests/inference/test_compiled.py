@@ -1,7 +1,7 @@
 """The compiled decoding step (aiayn.inference.compiled) against the eager one.
 
 One compiled decoder per module (compiling costs seconds even for a tiny model); the eager
-:class:`IncrementalDecoder` of the same prepared model is the reference.
+:class:`IncrementalDecoder` of the same optimized model is the reference.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder, IndexedKVCache
-from aiayn.inference.prepare import prepare_for_inference
+from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import search
 from aiayn.model import KVCache, build_model
 
@@ -26,8 +26,8 @@ def decoders() -> tuple[IncrementalDecoder, CompiledDecoder]:
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4,
                       n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
-    prepared = prepare_for_inference(build_model(cfg).eval())
-    return IncrementalDecoder(prepared), CompiledDecoder(prepared)
+    optimized = optimize_for_inference(build_model(cfg).eval())
+    return IncrementalDecoder(optimized), CompiledDecoder(optimized)
 
 
 def _sources() -> torch.Tensor:
@@ -161,8 +161,8 @@ def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCapture
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=16, d_ff=32, n_heads=2,
                       n_encoder_layers=1, n_decoder_layers=1)
-    prepared = prepare_for_inference(build_model(cfg).eval())
-    failing = CompiledDecoder(prepared)
+    optimized = optimize_for_inference(build_model(cfg).eval())
+    failing = CompiledDecoder(optimized)
     calls = []
 
     def broken(*args):
@@ -173,7 +173,7 @@ def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCapture
     decode = DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3)
     with torch.inference_mode():
         got = search(failing, _sources(), decode)
-        want = search(IncrementalDecoder(prepared), _sources(), decode)
+        want = search(IncrementalDecoder(optimized), _sources(), decode)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     assert calls == [1] and failing.compiled is None
     assert "compiled decoding is unavailable (RuntimeError: InductorError: no C++ compiler found)" in caplog.text

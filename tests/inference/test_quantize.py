@@ -1,5 +1,5 @@
 """int8 inference (aiayn.inference.quantize): the quantizer's golden values, both kernels
-against an integer reference, the quantization error of a layer and of a whole prepared
+against an integer reference, the quantization error of a layer and of a whole optimized
 model, decoding with the cache against recomputation, and the errors."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch import nn
 from aiayn.config import DecodeConfig, ModelConfig
 from aiayn.inference import quantize as Q
 from aiayn.inference.adapters import IncrementalDecoder, RecomputingDecoder
-from aiayn.inference.prepare import prepare_for_inference
+from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import beam_search
 from aiayn.model import build_model
 
@@ -92,10 +92,10 @@ def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
     tgt = torch.randint(4, 40, (3, 7))
     with torch.inference_mode():
         ref = torch.log_softmax(model(src, tgt), -1)
-        prepared = prepare_for_inference(model, dtype=torch.int8)
-        q = prepared.model
+        optimized = optimize_for_inference(model, dtype=torch.int8)
+        q = optimized.model
         memory, mask = q.encode(src)
-        out = torch.log_softmax(prepared.step_projection(q.decode(tgt, memory, mask, project=False)[0]), -1)
+        out = torch.log_softmax(optimized.step_projection(q.decode(tgt, memory, mask, project=False)[0]), -1)
         assert torch.equal(torch.log_softmax(model(src, tgt), -1), ref)  # the model itself is unchanged
     assert not any(isinstance(m, nn.Linear) for m in q.modules())
     assert sum(isinstance(m, nn.Linear) for m in model.modules()) == 2 * 6 + 2 * 10
@@ -103,7 +103,7 @@ def test_quantized_model_replaces_every_linear_and_stays_close() -> None:
     # per layer: the fused self-attention QKV and W_O (+ 4 cross-attention projections), 2 FFN;
     # the separate W_Q, W_K, W_V of the self-attention are not kept beside the fused one
     assert n_int8 == 2 * (2 + 2) + 2 * (2 + 4 + 2)
-    assert isinstance(prepared.step_projection, Q.Int8Linear)  # the output projection
+    assert isinstance(optimized.step_projection, Q.Int8Linear)  # the output projection
     _assert_int8_log_prob_error(out, ref)
     assert not torch.equal(out, ref)
 
@@ -121,7 +121,7 @@ def _assert_int8_log_prob_error(out: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 def _float_linear(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The float weight and bias that the prepared model's int8 layer ``name`` stands for."""
+    """The float weight and bias that the optimized model's int8 layer ``name`` stands for."""
     modules = dict(model.named_modules())
     if name.endswith(".qkv"):  # the fused self-attention projection: W_Q, W_K, W_V stacked
         attn = modules[name.removesuffix(".qkv")]
@@ -131,14 +131,14 @@ def _float_linear(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tens
 
 
 @pytest.mark.parametrize("heads", [{}, {"d_k": 4, "d_v": 16}])
-def test_every_int8_layer_of_a_prepared_model_has_the_quantization_error(heads: dict) -> None:
+def test_every_int8_layer_of_an_optimized_model_has_the_quantization_error(heads: dict) -> None:
     """Each Int8Linear that runs in a forward pass, on the activations it really gets,
     against F.linear with the float weights it was made from: relative error 0.49-0.83%
     measured (two 8-bit roundings), bound 1.2%. A layer made from the wrong weights (a
     mixed-up Q/K/V, a missing bias) is off by ~100%; rounding towards -inf gives 1.3-2%."""
     model = _model(3, **heads)
     src, tgt = torch.randint(4, 40, (3, 9)), torch.randint(4, 40, (3, 7))
-    prepared = prepare_for_inference(model, dtype=torch.int8)
+    optimized = optimize_for_inference(model, dtype=torch.int8)
     errors: dict[str, float] = {}
 
     def check(name: str):
@@ -148,13 +148,13 @@ def test_every_int8_layer_of_a_prepared_model_has_the_quantization_error(heads: 
             errors[name] = max(errors.get(name, 0.0), float((out - exact).norm() / exact.norm()))
         return hook
 
-    for name, module in prepared.model.named_modules():
+    for name, module in optimized.model.named_modules():
         if isinstance(module, Q.Int8Linear):
             module.register_forward_hook(check(name))
     with torch.inference_mode():
-        memory, mask = prepared.model.encode(src)
-        states = prepared.model.decode(tgt, memory, mask, project=False)[0]
-        logits = prepared.step_projection(states)
+        memory, mask = optimized.model.encode(src)
+        states = optimized.model.decode(tgt, memory, mask, project=False)[0]
+        logits = optimized.step_projection(states)
         exact = F.linear(states, model.output_weight, model.output_bias)
     errors["output projection"] = float((logits - exact).norm() / exact.norm())
     # Every layer that computes: fused QKV + W_O of 4 self-attentions, W_Q, W_K, W_V, W_O of
@@ -165,7 +165,7 @@ def test_every_int8_layer_of_a_prepared_model_has_the_quantization_error(heads: 
 
 @pytest.mark.parametrize("heads", [{}, {"d_k": 4, "d_v": 16}])  # Table 3 row (B): d_k != d_v
 def test_quantized_cache_decoding_equals_recomputation(heads: dict) -> None:
-    model = prepare_for_inference(_model(2, **heads), dtype=torch.int8)
+    model = optimize_for_inference(_model(2, **heads), dtype=torch.int8)
     src = torch.randint(4, 40, (4, 8))
     cfg = DecodeConfig(beam=3, max_len_a=0.0, max_len_b=6, min_len=6)
     with torch.inference_mode():
@@ -180,15 +180,15 @@ def test_quantized_cache_decoding_equals_recomputation(heads: dict) -> None:
 def test_quantized_model_is_inference_only() -> None:
     model = _model()
     with pytest.raises(ValueError, match="eval mode"):
-        prepare_for_inference(model.train(), dtype=torch.int8)
+        optimize_for_inference(model.train(), dtype=torch.int8)
     with pytest.raises(ValueError, match="CPU"):
-        prepare_for_inference(model.eval(), device="meta", dtype=torch.int8)
-    prepared = prepare_for_inference(model, dtype=torch.int8)
+        optimize_for_inference(model.eval(), device="meta", dtype=torch.int8)
+    optimized = optimize_for_inference(model, dtype=torch.int8)
     x = torch.randn(2, 32, requires_grad=True)
     with pytest.raises(RuntimeError, match="cannot be trained"):
-        prepared.model.encoder_layers[0].ffn.w_1(x)
+        optimized.model.encoder_layers[0].ffn.w_1(x)
     with pytest.raises(RuntimeError, match="cannot be trained"):
-        prepared.step_projection(x)
+        optimized.step_projection(x)
     with pytest.raises(ValueError, match="unknown kernel"):
         Q.Int8Linear(torch.randn(3, 4), kernel="avx9")
 
@@ -200,11 +200,11 @@ def test_quantized_model_with_d_k_different_from_d_v_stays_close() -> None:
     src, tgt = torch.randint(4, 40, (3, 9)), torch.randint(4, 40, (3, 7))
     with torch.inference_mode():
         ref = torch.log_softmax(model(src, tgt), -1)
-        prepared = prepare_for_inference(model, dtype=torch.int8)
-        memory, mask = prepared.model.encode(src)
-        states = prepared.model.decode(tgt, memory, mask, project=False)[0]
-        out = torch.log_softmax(prepared.step_projection(states), -1)
-    fused = prepared.model.encoder_layers[0].self_attn.qkv
+        optimized = optimize_for_inference(model, dtype=torch.int8)
+        memory, mask = optimized.model.encode(src)
+        states = optimized.model.decode(tgt, memory, mask, project=False)[0]
+        out = torch.log_softmax(optimized.step_projection(states), -1)
+    fused = optimized.model.encoder_layers[0].self_attn.qkv
     assert isinstance(fused, Q.Int8Linear) and fused.out_features == 4 * (4 + 4 + 16)
     _assert_int8_log_prob_error(out, ref)
 

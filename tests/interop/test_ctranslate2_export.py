@@ -13,8 +13,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import DecodeConfig  # noqa: E402
+from aiayn.errors import InteropError  # noqa: E402
 from aiayn.interop.ctranslate2 import export_ctranslate2  # noqa: E402
-from aiayn.interop.hf_marian import InteropError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 from aiayn.checkpoint.io import save_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import Config, DecodeConfig, model_preset  # noqa: E402
-from aiayn.interop.hf_marian import InteropError, export_hf, model_dim_permutation  # noqa: E402
+from aiayn.errors import InteropError  # noqa: E402
+from aiayn.interop.hf_export import export_hf, model_dim_permutation  # noqa: E402
 from aiayn.model import build_model  # noqa: E402
 from aiayn.model.embeddings import sinusoid_table  # noqa: E402
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_tokenizer  # noqa: E402

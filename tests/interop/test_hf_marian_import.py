@@ -17,8 +17,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremo
 from aiayn.checkpoint.io import load_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import DecodeConfig  # noqa: E402
+from aiayn.errors import InteropError  # noqa: E402
 from aiayn.inference.translator import Translator  # noqa: E402
-from aiayn.interop.hf_marian import PAD_LOGIT_BIAS, InteropError, export_hf, import_hf  # noqa: E402
+from aiayn.interop.hf_export import export_hf  # noqa: E402
+from aiayn.interop.hf_import import PAD_LOGIT_BIAS, import_hf  # noqa: E402
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer  # noqa: E402
 
 

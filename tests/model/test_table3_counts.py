@@ -1,5 +1,5 @@
-"""`aiayn model-info --table3`: every row of the paper's Table 3, its built parameter count
-next to the paper's "params x10^6", one output line per row."""
+"""The paper's Table 3 (aiayn.model.parameter_count, `aiayn model-info --table3`): every
+row, its built parameter count next to the paper's "params x10^6", one output line per row."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from aiayn.cli.main import main
-from aiayn.cli.model_info import TABLE3, TABLE3_VOCAB, table3
+from aiayn.model.parameter_count import TABLE3, TABLE3_VOCAB, table3
 
 ROWS = ["base", "A1", "A2", "A3", "A4", "B1", "B2", "C1", "C2", "C3", "C4", "C5", "C6", "C7",
         "D1", "D2", "D3", "D4", "E", "big"]

@@ -40,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.format == "hf":
-        from aiayn.interop.hf_marian import export_hf
+        from aiayn.interop.hf_export import export_hf
 
         out = export_hf(args.checkpoint, args.out_dir, force=args.force)
         print(f"exported {args.checkpoint} -> {out} (Hugging Face MarianMT)")

@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.interop.hf_marian import import_hf
+    from aiayn.interop.hf_import import import_hf
 
     out = import_hf(args.hf_dir, args.out, force=args.force)
     print(f"imported {args.hf_dir} -> {out}")

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from aiayn import fileio
-from aiayn.cli import options
+from aiayn.cli import options, translate_io
 from aiayn.errors import AiaynError, DataError
-from aiayn.inference import streaming
 
 DEFAULT_CHUNK_SIZE = 10_000
 
@@ -131,7 +130,7 @@ def _utf8_mode(on_invalid_utf8: str) -> str:
 def read_file_lines(path: Path, on_invalid_utf8: str) -> list[str]:
     """Every line of a file (plain or gzip), read before any work, so that invalid UTF-8
     anywhere is reported first."""
-    return list(streaming.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT))
+    return list(translate_io.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT))
 
 
 def check_lengths(translator: Any, chunk: list[str], first_lineno: int, where: str) -> None:
@@ -219,7 +218,7 @@ class _Prefixes:
         self.used = skip
         self._lines: Iterator[str] | None = None
         if path is not None:
-            lines = streaming.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT)
+            lines = translate_io.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT)
             self._lines = itertools.islice(lines, skip, None)
 
     def take(self, n: int) -> list[str | None] | None:
@@ -269,12 +268,12 @@ class _Job:
             if not args.truncate:
                 check_lengths(self.translator, chunk, first, args.input)
 
-        scan = streaming.scan_text_file(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT,
+        scan = translate_io.scan_text_file(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT,
                                         size=args.chunk_size, check=check)
         self.total = scan.lines
         prefix_scan = None
         if args.prefix_file is not None and not _is_stream(args.prefix_file):
-            prefix_scan = streaming.scan_text_file(args.prefix_file, _utf8_mode(args.on_invalid_utf8),
+            prefix_scan = translate_io.scan_text_file(args.prefix_file, _utf8_mode(args.on_invalid_utf8),
                                                    hint=_UTF8_HINT, size=args.chunk_size)
             if prefix_scan.lines != scan.lines:
                 raise DataError(f"--prefix-file {args.prefix_file}: {prefix_scan.lines} lines, but {args.input} "
@@ -282,25 +281,26 @@ class _Job:
         if args.prefix_file is None or prefix_scan is not None:
             self.identity = self._identity(scan, prefix_scan)
 
-    def _identity(self, scan: streaming.TextScan, prefix: streaming.TextScan | None) -> dict[str, Any]:
+    def _identity(self, scan: translate_io.TextScan, prefix: translate_io.TextScan | None) -> dict[str, Any]:
         """Everything the output bytes depend on, for --resume to compare."""
         from aiayn.config import to_dict
 
-        a = self.args
-        flags = {"--format": a.format, "--scores": a.scores, "--alignment": a.alignment, "--truncate": a.truncate,
-                 "--on-invalid-utf8": a.on_invalid_utf8, "--chunk-size": a.chunk_size, "--dtype": a.dtype,
-                 "--compile": a.compile, "--ensemble": a.ensemble, "--device": self.translator.device.type}
+        args = self.args
+        flags = {"--format": args.format, "--scores": args.scores, "--alignment": args.alignment,
+                 "--truncate": args.truncate, "--on-invalid-utf8": args.on_invalid_utf8,
+                 "--chunk-size": args.chunk_size, "--dtype": args.dtype, "--compile": args.compile,
+                 "--ensemble": args.ensemble, "--device": self.translator.device.type}
         return {"input": scan.sha256, "--prefix-file": prefix.sha256 if prefix else None,
-                "--checkpoint": streaming.checkpoint_identity(self.checkpoints),
+                "--checkpoint": translate_io.checkpoint_identity(self.checkpoints),
                 **{f"decode.{k}": v for k, v in to_dict(self.cfg).items()}, **flags}
 
-    def open_output(self) -> streaming.PartialOutput | _Stdout:
+    def open_output(self) -> translate_io.PartialOutput | _Stdout:
         if self.output is None:
             return _Stdout()
         if self.args.resume and self.identity is None:
             raise AiaynError("--resume: needs a regular --input file (and --prefix-file): a stream cannot be "
                              "read again from where the run stopped")
-        out = streaming.PartialOutput(self.output, self.identity, resume=self.args.resume)
+        out = translate_io.PartialOutput(self.output, self.identity, resume=self.args.resume)
         if not self.args.quiet and out.lines:
             print(f"resuming {out.partial}: {out.lines} of {self.total} lines done", file=sys.stderr)
         elif not self.args.quiet and out.replaced:
@@ -310,8 +310,8 @@ class _Job:
     def chunks(self, skip: int) -> Iterator[list[str]]:
         args = self.args
         if not self.stream:
-            lines = streaming.text_lines(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT)
-            return streaming.chunked(itertools.islice(lines, skip, None), args.chunk_size)
+            lines = translate_io.text_lines(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT)
+            return translate_io.chunked(itertools.islice(lines, skip, None), args.chunk_size)
         return self._stream_chunks()
 
     def _stream_chunks(self) -> Iterator[list[str]]:
@@ -321,10 +321,10 @@ class _Job:
             return decode_line(raw, self.where, lineno, args.on_invalid_utf8)
 
         if args.input == "-":
-            yield from streaming.stream_chunks(sys.stdin.buffer, args.chunk_size, decode, name=self.where)
+            yield from translate_io.stream_chunks(sys.stdin.buffer, args.chunk_size, decode, name=self.where)
             return
         with fileio.open_text_input(args.input) as (f, compressed):
-            yield from streaming.stream_chunks(f, args.chunk_size, decode, name=self.where, wait=False)
+            yield from translate_io.stream_chunks(f, args.chunk_size, decode, name=self.where, wait=False)
 
     def translate(self, chunk: list[str], prefixes: list[str | None] | None, first: int, bar: Any) -> bytes:
         """One chunk's output lines, in input order, as bytes."""
@@ -340,7 +340,7 @@ class _Job:
                  for k, r in enumerate(results)]
         return "".join(line + "\n" for line in lines).encode("utf-8")
 
-    def run(self, out: streaming.PartialOutput | _Stdout) -> int:
+    def run(self, out: translate_io.PartialOutput | _Stdout) -> int:
         """Translate every chunk after the ``out.lines`` already done; the lines translated."""
         from tqdm import tqdm
 
@@ -367,7 +367,7 @@ def _check_output(args: argparse.Namespace) -> Path | None:
         return None
     inputs = [p for p in (args.input, args.prefix_file) if p not in (None, "-")]
     path = fileio.check_output_file(args.output, inputs, "--output")
-    fileio.check_output_file(path.with_name(path.name + streaming.PARTIAL_SUFFIX), inputs, "--output")
+    fileio.check_output_file(path.with_name(path.name + translate_io.PARTIAL_SUFFIX), inputs, "--output")
     return path
 
 
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         done = job.run(out)
     except BaseException:
-        if out.abort() and isinstance(out, streaming.PartialOutput):
+        if out.abort() and isinstance(out, translate_io.PartialOutput):
             print(f"aiayn translate: {out.partial} keeps the first {out.lines} lines; the same command with "
                   "--resume continues it", file=sys.stderr)
         raise

@@ -6,8 +6,8 @@ keys/values computed once, self-attention keys/values cached, one position per s
 slow and exists as the reference that the cache is tested against.
 :class:`EnsembleDecoder` runs several of them as one model (an ensemble of checkpoints).
 
-Both run a :class:`~aiayn.inference.prepare.PreparedModel` (a plain Transformer given to
-them is prepared as it is: same device and dtype) and end each step with its vocabulary
+Both run a :class:`~aiayn.inference.optimize.OptimizedModel` (a plain Transformer given to
+them is optimized as it is: same device and dtype) and end each step with its vocabulary
 projection, so the two compute the same numbers in every precision, int8 included.
 """
 
@@ -23,13 +23,13 @@ import torch
 from torch import Tensor
 
 from aiayn.errors import ConfigError
-from aiayn.inference.prepare import PreparedModel, prepare_for_inference
+from aiayn.inference.optimize import OptimizedModel, optimize_for_inference
 from aiayn.inference.search import step_log_probs
 from aiayn.model import KVCache, Transformer
 
 
-def _prepared(model: Transformer | PreparedModel) -> PreparedModel:
-    return model if isinstance(model, PreparedModel) else prepare_for_inference(model)
+def _optimized(model: Transformer | OptimizedModel) -> OptimizedModel:
+    return model if isinstance(model, OptimizedModel) else optimize_for_inference(model)
 
 
 def _max_positions(model: Transformer) -> int | None:
@@ -45,10 +45,10 @@ class IncrementalDecoder:
 
     normalized = False  # a step ends with the vocabulary projection: logits
 
-    def __init__(self, model: Transformer | PreparedModel, autocast: torch.dtype | None = None) -> None:
-        prepared = _prepared(model)
-        self.model = prepared.model
-        self.project = prepared.step_projection
+    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None) -> None:
+        optimized = _optimized(model)
+        self.model = optimized.model
+        self.project = optimized.step_projection
         self.autocast = autocast
         self.max_steps = _max_positions(self.model)
 
@@ -87,10 +87,10 @@ class RecomputingDecoder:
 
     normalized = False
 
-    def __init__(self, model: Transformer | PreparedModel) -> None:
-        prepared = _prepared(model)
-        self.model = prepared.model
-        self.project = prepared.step_projection
+    def __init__(self, model: Transformer | OptimizedModel) -> None:
+        optimized = _optimized(model)
+        self.model = optimized.model
+        self.project = optimized.step_projection
         self.max_steps = _max_positions(self.model)
 
     def init_state(self, src: Tensor, max_steps: int) -> _FullState:

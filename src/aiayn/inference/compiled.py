@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from aiayn.inference.adapters import IncrementalDecoder
-from aiayn.inference.prepare import PreparedModel
+from aiayn.inference.optimize import OptimizedModel
 from aiayn.model import KVCache, Transformer
 from aiayn.model.layers import DecoderLayer
 
@@ -182,10 +182,10 @@ class CompiledDecoder(IncrementalDecoder):
 
     Compiled lazily, at the first step that can use it: the first call of each new shape
     family (e.g. one sentence against a batch of them) takes tens of seconds. The weights
-    are frozen into the graph as they are then: prepare and compile again after changing them.
+    are frozen into the graph as they are then: optimize and compile again after changing them.
     """
 
-    def __init__(self, model: Transformer | PreparedModel, autocast: torch.dtype | None = None) -> None:
+    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None) -> None:
         super().__init__(model, autocast)
         if self.model.training:
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")

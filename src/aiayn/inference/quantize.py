@@ -19,7 +19,7 @@ int64 reference):
 * ``int_mm``: ``torch._int_mm`` (int8 x int8 -> int32) and the scaling as separate passes,
   wherever oneDNN's op is missing.
 
-Only the inference path uses it: :func:`aiayn.inference.prepare.prepare_for_inference`
+Only the inference path uses it: :func:`aiayn.inference.optimize.optimize_for_inference`
 swaps these layers into its copy of a model, never into the model itself. The embeddings,
 LayerNorms and attention's score/value products stay in float32. A quantized copy cannot
 be trained or saved as a checkpoint.

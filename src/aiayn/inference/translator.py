@@ -38,7 +38,7 @@ from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder, IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder
 from aiayn.inference.constraints import Constraint
-from aiayn.inference.prepare import prepare_for_inference
+from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, search
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
@@ -125,7 +125,7 @@ class Translator:
     ``config`` is the checkpoint's [Config][aiayn.config.Config] (a bare ``DecodeConfig`` is
     accepted too, e.g. from the trainer's validation). The model is put in eval mode and moved to
     ``device`` in place, and nothing else is changed in it: decoding runs an inference copy
-    of it (``aiayn.inference.prepare.prepare_for_inference``), built here from the
+    of it (``aiayn.inference.optimize.optimize_for_inference``), built here from the
     weights as they are now; ``self.model`` is that copy. With ``dtype="bf16"`` the copy's
     weights are bfloat16 (see ``BF16_MODE``); with ``dtype="int8"`` its linear layers
     are quantized (``aiayn.inference.quantize``, CPU only); log-probabilities are always
@@ -159,7 +159,7 @@ class Translator:
         counts = [count_parameters(m) for m in trained]
         self.parameters = {key: sum(c[key] for c in counts) for key in counts[0]}
         step = CompiledDecoder if compile else IncrementalDecoder
-        decoders = [step(prepare_for_inference(m.to(self.device).eval(), dtype=weights), autocast=autocast)
+        decoders = [step(optimize_for_inference(m.to(self.device).eval(), dtype=weights), autocast=autocast)
                     for m in trained]
         self.model = decoders[0].model
         self.decoder: Any = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)

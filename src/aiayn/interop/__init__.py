@@ -4,6 +4,8 @@ Needs the ``interop`` extra (``transformers``, ``ctranslate2``); importing this 
 does not, the functions say what is missing when called.
 """
 
-from aiayn.interop.hf_marian import InteropError, export_hf, import_hf, load_marian
+from aiayn.errors import InteropError
+from aiayn.interop.hf_export import export_hf
+from aiayn.interop.hf_import import import_hf, load_marian
 
 __all__ = ["InteropError", "export_hf", "import_hf", "load_marian"]

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 
 from aiayn.config import Config, DecodeConfig, load_config, to_dict
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, InteropError
 from aiayn.inference.translator import Hypothesis, TranslationResult
 from aiayn.interop.ctranslate2 import CONFIG_FILE
-from aiayn.interop.hf_marian import InteropError, require
+from aiayn.interop.marian_format import require
 from aiayn.vocab import EOS_PIECE
 
 log = logging.getLogger(__name__)

@@ -32,15 +32,11 @@ from typing import Any
 import torch
 
 from aiayn.config import Config, save_config
+from aiayn.errors import InteropError
 from aiayn.fileio import atomic_dir, check_empty_dir
-from aiayn.interop.hf_marian import (
-    BOS,
-    InteropError,
-    load_for_export,
-    quiet_marian_tokenizer,
-    require,
-    save_hf_dir,
-)
+from aiayn.interop.hf_export import load_for_export, quiet_marian_tokenizer, save_hf_dir
+from aiayn.interop.marian_format import require
+from aiayn.vocab import BOS
 
 log = logging.getLogger(__name__)
 

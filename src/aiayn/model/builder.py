@@ -62,20 +62,3 @@ def build_model(cfg: ModelConfig) -> Transformer:
         output_projection=output_projection,
         output_bias=cfg.output_bias,
     )
-
-
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Unique parameters (a shared matrix counts once), total and by part."""
-    seen: set[int] = set()
-    parts = {"embeddings": 0, "encoder": 0, "decoder": 0}
-    for name, p in model.named_parameters():  # named_parameters already skips duplicates
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if name.startswith(("encoder_layers", "encoder_norm")):
-            parts["encoder"] += p.numel()
-        elif name.startswith(("decoder_layers", "decoder_norm")):
-            parts["decoder"] += p.numel()
-        else:
-            parts["embeddings"] += p.numel()
-    return {"parameters": sum(parts.values()), **parts}

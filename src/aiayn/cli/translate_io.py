@@ -1,4 +1,4 @@
-"""Translating a file of any size in bounded memory: chunks in, chunks out.
+"""`aiayn translate`'s files: any size in bounded memory, chunks in, chunks out.
 
 The input is read ``size`` lines at a time (:func:`chunked`, :func:`stream_chunks`); each
 chunk is translated as batches (sorted by length within the chunk) and its outputs are

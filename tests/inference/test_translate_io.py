@@ -1,5 +1,6 @@
-"""`aiayn translate` in chunks: the same bytes whatever the chunk size, a file output never
-partly written (and resumable), target prefixes, word alignments, the streaming reader."""
+"""`aiayn translate`'s input and output (aiayn.cli.translate_io): the same bytes whatever the
+chunk size, a file output never partly written (and resumable), target prefixes, word
+alignments, the reader of standard input and pipes."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.cli import translate_io
 from aiayn.cli.translate import format_result, read_file_lines
 from aiayn.errors import DataError
-from aiayn.inference import streaming
 from aiayn.inference.alignment import format_alignment, hard_alignment, last_layer_mean, piece_words
 from aiayn.inference.translator import Translator
 
@@ -264,12 +265,12 @@ def test_a_partial_with_extra_bytes_is_cut_back_on_resume(tmp_path: Path) -> Non
     """A kill between writing a chunk and recording it: the unrecorded bytes are dropped."""
     out = tmp_path / "out.txt"
     identity = {"input": "abc"}
-    first = streaming.PartialOutput(out, identity)
+    first = translate_io.PartialOutput(out, identity)
     first.write(b"one\ntwo\n", 2)
     first._f.write(b"thr")  # the next chunk, cut short
     first._f.flush()
     first._f.close()  # as a killed process would
-    second = streaming.PartialOutput(out, identity, resume=True)
+    second = translate_io.PartialOutput(out, identity, resume=True)
     assert (second.lines, second.bytes) == (2, 8)
     second.write(b"three\n", 1)
     second.finish()
@@ -282,9 +283,9 @@ def test_two_runs_cannot_write_the_same_partial(tmp_path: Path) -> None:
     from aiayn.errors import AiaynError
 
     out = tmp_path / "out.txt"
-    first = streaming.PartialOutput(out, {"input": "a"})
+    first = translate_io.PartialOutput(out, {"input": "a"})
     with pytest.raises(AiaynError, match="is being written by another run"):
-        streaming.PartialOutput(out, {"input": "a"})
+        translate_io.PartialOutput(out, {"input": "a"})
     first.write(b"x\n", 1)
     first.finish()
     assert out.read_bytes() == b"x\n"
@@ -416,7 +417,7 @@ def test_stream_chunks_end_when_no_further_line_has_arrived() -> None:
     read_fd, write_fd = os.pipe()
     try:
         with os.fdopen(read_fd, "rb", buffering=0) as reader:
-            chunks = streaming.stream_chunks(reader, 10, lambda raw, n: raw.decode())
+            chunks = translate_io.stream_chunks(reader, 10, lambda raw, n: raw.decode())
             os.write(write_fd, b"one\ntwo\nthr")
             assert next(chunks) == ["one", "two"]  # "thr" is not a line yet: no waiting for it
             os.write(write_fd, b"ee\nfour\n")
@@ -436,7 +437,7 @@ def test_stream_chunks_deliver_the_lines_before_a_bad_one() -> None:
             raise DataError(f"<stdin>:{n}: bad")
         return raw.decode()
 
-    chunks = streaming.stream_chunks(io.BytesIO(b"a\nb\nc\nbad\nd\n"), 2, decode)
+    chunks = translate_io.stream_chunks(io.BytesIO(b"a\nb\nc\nbad\nd\n"), 2, decode)
     assert next(chunks) == ["a", "b"]
     assert next(chunks) == ["c"]
     with pytest.raises(DataError, match="<stdin>:4: bad"):

@@ -12,12 +12,12 @@ thousands of times, and on a CPU some are faster with the weights rearranged:
 * int8: every linear layer of the stacks, and both of the above, as
   :class:`~aiayn.inference.quantize.Int8Linear`.
 
-:func:`prepare_for_inference` builds them in a structural copy of the model, which shares
+:func:`optimize_for_inference` builds them in a structural copy of the model, which shares
 the model's parameter tensors (or holds converted ones, for another device or dtype). The
 given model is never modified: the trainer hands its live model to the translator at every
 validation, then goes on training it. And since the rearranged weights are built from the
-weights as they are at preparation, they cannot go stale: after the weights change
-(an optimizer step, ``load_state_dict``), prepare again.
+weights as they are when it runs, they cannot go stale: after the weights change (an
+optimizer step, ``load_state_dict``), call it again.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class FusedQKVAttention(MultiHeadAttention):
 
 
 @dataclass(frozen=True)
-class PreparedModel:
+class OptimizedModel:
     """A Transformer ready for decoding.
 
     ``model``: the copy that runs (self-attentions fused; int8 layers for int8), sharing or
@@ -103,8 +103,8 @@ class PreparedModel:
     step_projection: nn.Module
 
 
-def prepare_for_inference(model: Transformer, device: str | torch.device | None = None,
-                          dtype: torch.dtype | None = None) -> PreparedModel:
+def optimize_for_inference(model: Transformer, device: str | torch.device | None = None,
+                          dtype: torch.dtype | None = None) -> OptimizedModel:
     """``model``'s inference copy on ``device`` (None: where it is).
 
     ``dtype``: None keeps the weights' dtype; a float dtype (``torch.bfloat16``) converts the
@@ -115,9 +115,9 @@ def prepare_for_inference(model: Transformer, device: str | torch.device | None 
     int8 = dtype == torch.int8
     if int8:
         if model.training:
-            raise ValueError("prepare_for_inference: put the model in eval mode first (int8 is for inference)")
+            raise ValueError("optimize_for_inference: put the model in eval mode first (int8 is for inference)")
         if torch.device(device or next(model.parameters()).device).type != "cpu":
-            raise ValueError("prepare_for_inference: int8 inference runs on the CPU")
+            raise ValueError("optimize_for_inference: int8 inference runs on the CPU")
     with torch.no_grad():  # the rearranged weights are constants, outside any autograd graph
         copied = _copy(model, device, None if int8 else dtype)
         for layer in _layers(copied):
@@ -133,7 +133,7 @@ def prepare_for_inference(model: Transformer, device: str | torch.device | None 
             projection: nn.Module = Int8Linear(copied.output_weight, copied.output_bias)
         else:
             projection = TransposedProjection(copied.output_weight, copied.output_bias)
-    return PreparedModel(copied, projection)
+    return OptimizedModel(copied, projection)
 
 
 def _layers(model: Transformer) -> Iterable[EncoderLayer | DecoderLayer]:
