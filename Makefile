@@ -29,7 +29,11 @@ $(VENV)/.installed-docs: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q -e ".[docs]"
 	touch $@
 
+# `make install EXTRAS=serve,interop` adds extras of pyproject.toml (serve: `aiayn serve`;
+# interop: `aiayn export` / `aiayn import`).
+EXTRAS ?=
 install: $(VENV)/.installed
+	$(if $(EXTRAS),$(BIN)/pip install -q -e ".[$(EXTRAS)]")
 
 demo: $(VENV)/.installed
 	$(BIN)/aiayn demo
