@@ -126,7 +126,7 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
 
 
 def _run_parsing(args: argparse.Namespace) -> int:
-    from aiayn.data.prepare import prepare_parsing_data
+    from aiayn.data.treebank import prepare_parsing_data
 
     if args.ptb_dir:
         ptb = Path(args.ptb_dir)

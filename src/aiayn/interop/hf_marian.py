@@ -49,7 +49,7 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint, save_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint, load_checkpoint_config, resolve_checkpoint, save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import InteropError
 from aiayn.fileio import atomic_dir, check_empty_dir
