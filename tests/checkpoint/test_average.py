@@ -152,7 +152,7 @@ def _tree_bytes(root) -> dict:
 
 @pytest.mark.parametrize("where", ["run", "parent", "checkpoint"])
 def test_average_never_replaces_a_directory_holding_its_inputs(tmp_path, make_cfg, capsys, monkeypatch, where):
-    """Regression: `aiayn average RUN --last 2 --out RUN` (or `--out .`) used to replace the
+    """`aiayn average RUN --last 2 --out RUN` (or `--out .`) is refused: it would replace the
     run directory, checkpoints and all, with the averaged checkpoint."""
     cfg = make_cfg()
     mgr = CheckpointManager(tmp_path / "run", keep_last=10)

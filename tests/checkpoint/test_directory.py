@@ -193,7 +193,7 @@ def test_blank_manifest_lines_are_skipped(tmp_path, make_cfg):
 
 @pytest.mark.parametrize("name", ["../../etc/hostname", "/etc/hostname", "tokenizer/../../outside"])
 def test_manifest_entries_outside_the_checkpoint_are_refused(tmp_path, make_cfg, name):
-    """Regression: a manifest line naming ../../etc/hostname was hashed and accepted."""
+    """A manifest line naming a file outside the checkpoint (../../etc/hostname) is refused, not hashed."""
     cfg = make_cfg()
     save_checkpoint(tmp_path / "run" / "c", build_model(cfg.model), cfg)
     (tmp_path / "outside").write_text("x")

@@ -89,7 +89,7 @@ def test_unreadable_and_malformed_optimizer_json_messages(tmp_path):
 
 @pytest.mark.parametrize("text", ["[]", '{"param_ids": ["x"], "param_groups": []}', '{"param_groups": 3}'])
 def test_a_malformed_optimizer_json_is_one_clear_error(tmp_path, make_cfg, text):
-    """Regression: a malformed optimizer.json on --resume ended in a KeyError/TypeError traceback."""
+    """A malformed optimizer.json (read on --resume) is one clear error, not a KeyError/TypeError traceback."""
     cfg = make_cfg()
     model = build_model(cfg.model)
     save_checkpoint(tmp_path / "c", model, cfg, optimizer=build_optimizer(model, cfg.train))

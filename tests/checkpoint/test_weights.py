@@ -169,7 +169,7 @@ def test_weights_of_another_shape_or_dtype_are_refused(tmp_path):
 
 
 def test_nan_weights_are_refused(tmp_path, make_cfg):
-    """Regression: NaN weights loaded silently; translations came out empty, exit 0."""
+    """NaN weights are refused: loaded, they would decode to empty translations with exit status 0."""
     cfg = make_cfg()
     model = build_model(cfg.model)
     with torch.no_grad():
@@ -180,7 +180,7 @@ def test_nan_weights_are_refused(tmp_path, make_cfg):
 
 
 def test_a_dtype_changed_in_the_header_is_refused(tmp_path, make_cfg):
-    """Regression: a float32 tensor relabelled int32 in the safetensors header was cast silently."""
+    """A float32 tensor relabelled int32 in the safetensors header is refused, not cast."""
     from safetensors.torch import load_file, save_file
 
     cfg = make_cfg()

@@ -56,7 +56,6 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
-
 # -------------------------------------------------------------------- save / verify
 
 
@@ -161,7 +160,6 @@ def _inside(root: Path, path: Path) -> bool:
 
 def is_checkpoint_dir(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST_FILE).is_file() and (path / MODEL_FILE).is_file()
-
 
 
 # ------------------------------------------------------------------- resolve / load

@@ -108,15 +108,14 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -
         raise CheckpointError(f"optimizer state does not fit this model: {exc}") from None
 
 
-
 # ------------------------------------------------------------------------------ RNG
 
 
-def _b64(t: Tensor) -> str:
+def _tensor_to_base64(t: Tensor) -> str:
     return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
 
 
-def _unb64(s: str) -> Tensor:
+def _tensor_from_base64(s: str) -> Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
@@ -134,10 +133,10 @@ def capture_rng_state(device: torch.device | str | None = None) -> dict[str, Any
         "python": [py[0], list(py[1]), py[2]],
         "numpy": {"kind": np_state[0], "key": np_state[1].tolist(), "pos": int(np_state[2]),
                   "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "torch": _b64(torch.get_rng_state()),
+        "torch": _tensor_to_base64(torch.get_rng_state()),
     }
     if device is not None and torch.device(device).type == "cuda":
-        state["cuda"] = _b64(torch.cuda.get_rng_state(torch.device(device)))
+        state["cuda"] = _tensor_to_base64(torch.cuda.get_rng_state(torch.device(device)))
     return state
 
 
@@ -147,10 +146,10 @@ def restore_rng_state(state: dict[str, Any], device: torch.device | str | None =
     n = state["numpy"]
     np.random.set_state((n["kind"], np.asarray(n["key"], dtype=np.uint32), n["pos"],
                          n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(_unb64(state["torch"]))
+    torch.set_rng_state(_tensor_from_base64(state["torch"]))
     if device is not None and torch.device(device).type == "cuda":
         if "cuda" in state:
-            torch.cuda.set_rng_state(_unb64(state["cuda"]), torch.device(device))
+            torch.cuda.set_rng_state(_tensor_from_base64(state["cuda"]), torch.device(device))
         else:
             log.warning("checkpoint has no CUDA RNG state (saved on CPU): dropout on this GPU "
                         "will not repeat the interrupted run exactly")

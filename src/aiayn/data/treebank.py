@@ -203,7 +203,6 @@ def write_parsing_text(
     return summary
 
 
-
 def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: DataConfig,
                          progress: bool = True, force: bool = False) -> dict[str, Any]:
     """Constituency parsing (paper, section 6.2) as translation: words -> linearized trees.
@@ -230,11 +229,11 @@ def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike,
                 files[f"{role}_tgt"] = str(text_dir / f"{role}.tgt.txt")
             if (text_dir / f"{role}.gold.txt").is_file():
                 gold[f"{role}.gold.txt"] = text_dir / f"{role}.gold.txt"
-        pcfg = dataclasses.replace(
+        parsing_cfg = dataclasses.replace(
             cfg, dataset=None, synthetic=None, joint_vocab=False, tgt_spm_model_type="word",
             # An upper bound: the word model keeps every tree symbol there is (soft limit).
             tgt_vocab_size=cfg.tgt_vocab_size or 4096, **files)
-        return prepare_data(pcfg, out, progress, extra_files=gold, force=force,
+        return prepare_data(parsing_cfg, out, progress, extra_files=gold, force=force,
                             extra_summary={"task": "parsing", "parsing": text_summary,
                                            "source": {"dataset": "ptb", "synthetic": None,
                                                       "src_lang": "words", "tgt_lang": "trees"}})

@@ -87,6 +87,7 @@ def as_placeholders(tokens: Sequence[str], placeholder: str = PLACEHOLDER) -> li
     token that is not a bracket stands for a word (for :func:`rebuild`)."""
     return [t if t[:1] in "()" and len(t) > 1 else placeholder for t in tokens]
 
+
 @dataclass
 class Tree:
     """A constituency tree node.
@@ -388,7 +389,7 @@ def _is_label(label: str) -> bool:
     return bool(label) and not any(c in "()" or c.isspace() for c in label)
 
 
-def _finish(node: Tree) -> list[Tree]:
+def _prune_and_dissolve(node: Tree) -> list[Tree]:
     """Post-order repair: drop wordless constituents, dissolve marked brackets.
 
     Returns the nodes that replace ``node`` in its parent (none, itself, or its children).
@@ -478,7 +479,7 @@ def rebuild(
         return Tree(tags[i] if tags is not None else placeholder, [], words[i])
 
     top, n = _bracket_nodes(pred_tokens, len(words), preterminal, placeholder, known)
-    pieces = _finish(Tree(_DISSOLVE, top))
+    pieces = _prune_and_dissolve(Tree(_DISSOLVE, top))
     if len(pieces) == 1 and not pieces[0].is_preterminal:
         root = pieces[0]
     else:
