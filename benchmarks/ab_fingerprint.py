@@ -41,7 +41,8 @@ def decode_fingerprints(root: Path, dtypes: list[str]) -> dict[str, str]:
 
 
 def train_fingerprint(run_dir: Path) -> dict[str, object]:
-    from aiayn.checkpoint.io import read_model_weights, resolve_checkpoint
+    from aiayn.checkpoint.directory import resolve_checkpoint
+    from aiayn.checkpoint.weights import read_model_weights
     from aiayn.recipes.demo import synthetic_config
     from aiayn.recipes.train import run_training
 

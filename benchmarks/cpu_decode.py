@@ -33,7 +33,7 @@ SYSTEMS = [("aiayn", "fp32"), ("aiayn", "bf16"), ("aiayn", "int8"),
 
 def build_models(root: Path) -> None:
     """Random base model + a 32,000-word tokenizer -> aiayn checkpoint, HF dir, CTranslate2 dirs."""
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, model_preset
     from aiayn.interop.ctranslate2 import convert_hf_dir
     from aiayn.interop.hf_export import save_hf_dir

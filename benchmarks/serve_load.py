@@ -50,7 +50,7 @@ def make_tiny_checkpoint(out_dir: str | Path, seed: int = 0, max_len_b: int = 8)
     """
     import torch
 
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, DataConfig, DecodeConfig, model_preset
     from aiayn.data.synthetic import generate
     from aiayn.model import build_model

@@ -24,7 +24,7 @@ REAL = {
     "prepare": "aiayn.recipes.api",
     "train": "aiayn.recipes.api",
     "average": "aiayn.recipes.api",
-    "load_checkpoint": "aiayn.checkpoint.io",
+    "load_checkpoint": "aiayn.checkpoint.directory",
     "Translator": "aiayn.inference.translator",
     "Parser": "aiayn.inference.parsing",
     "corpus_scores": "aiayn.evaluation.bleu",

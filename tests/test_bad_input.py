@@ -133,7 +133,7 @@ def _sentences(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, DecodeConfig, model_preset
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
@@ -166,7 +166,7 @@ def _broken_checkpoint(src: Path, dst: Path, how: str) -> Path:
 
 def _nan_checkpoint(src: Path, dst: Path) -> Path:
     """A checkpoint whose weights are NaN, saved properly (checksums match): a diverged run."""
-    from aiayn.checkpoint.io import load_checkpoint, save_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
 
     loaded = load_checkpoint(src)
     with torch.no_grad():

@@ -24,7 +24,7 @@ import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and the API reference see; __getattr__ imports at run time
-    from aiayn.checkpoint.io import load_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint
     from aiayn.config import Config, load_config
     from aiayn.errors import AiaynError
     from aiayn.evaluation.bleu import corpus_scores
@@ -40,7 +40,7 @@ _EXPORTS = {
     "prepare": "aiayn.recipes.api",
     "train": "aiayn.recipes.api",
     "average": "aiayn.recipes.api",
-    "load_checkpoint": "aiayn.checkpoint.io",
+    "load_checkpoint": "aiayn.checkpoint.directory",
     "Translator": "aiayn.inference.translator",
     "Parser": "aiayn.inference.parsing",
     "corpus_scores": "aiayn.evaluation.bleu",

@@ -1,5 +1,5 @@
 """`aiayn prepare` / prepare_data end to end: Multi30k from the mirror, files, TSV, synthetic,
-errors without tracebacks or leftovers, reuse of unchanged parts, the parsing hook."""
+errors without tracebacks or leftovers, reuse of unchanged parts."""
 
 from __future__ import annotations
 
@@ -255,60 +255,6 @@ def test_cli_error_has_no_traceback_in_a_real_process(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "no.en: file not found" in proc.stderr and "Traceback" not in proc.stderr
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-def _mini_treebank(directory: Path) -> Path:
-    """wsj_0001..0199.mrg (the project's split) of two real-shaped treebank trees each."""
-    directory.mkdir()
-    trees = ["( (S (NP-SBJ (DT The) (NN dog)) (VP (VBZ barks)) (. .)) )",
-             "( (S (NP-SBJ (PRP It)) (VP (VBD rained) (NP-TMP (NN yesterday) (-NONE- *T*-1))) (. .)) )"]
-    for i in range(1, 200):
-        (directory / f"wsj_{i:04d}.mrg").write_text("\n".join(trees) + "\n")
-    return directory
-
-
-@pytest.mark.parametrize("target", ["placeholders", "words"])
-def test_parsing_builds_a_prepared_directory(tmp_path: Path, target: str) -> None:
-    """The real aiayn.data.trees over .mrg files: cleaned trees, linearized targets, gold."""
-    ptb = _mini_treebank(tmp_path / "ptb")
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("data:\n  vocab_size: 40\n  parsing_target: " + target + "\n"
-                   "  tgt_vocab_size: 64\n")
-    code = cli(["prepare", "--task", "parsing", "--config", str(cfg), "--ptb-dir", str(ptb),
-                "--out", str(tmp_path / "p"), "--quiet"])
-    assert code == 0
-    summary = read_summary(tmp_path / "p")
-    assert summary["task"] == "parsing" and not summary["joint_vocab"]
-    assert summary["parsing"]["target"] == target
-    # Tree symbols: (S )S (NP )NP (VP )VP, and XX or the words (The dog barks . It rained yesterday).
-    assert summary["tgt_vocab_size"] == 4 + 6 + (1 if target == "placeholders" else 7)
-    gold = (tmp_path / "p" / "test.gold.txt").read_text().splitlines()
-    assert gold[:2] == ["(S (NP (DT The) (NN dog)) (VP (VBZ barks)) (. .))",
-                        "(S (NP (PRP It)) (VP (VBD rained) (NP (NN yesterday))) (. .))"]
-    expected = ("(S (NP XX XX )NP (VP XX )VP XX )S" if target == "placeholders"
-                else "(S (NP The dog )NP (VP barks )VP . )S")
-    assert split_text(tmp_path / "p", "test")[1][0] == expected
-    assert leftovers(tmp_path) == []
-
-
-def test_parsing_finds_the_treebank_in_the_data_mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    """Without --ptb-dir the treebank is ptb-sample/ in --data-dir, else in $AIAYN_DATA_MIRROR."""
-    _mini_treebank(tmp_path / "ptb-sample")
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text("data:\n  vocab_size: 40\n  tgt_vocab_size: 64\n")
-    args = ["prepare", "--task", "parsing", "--config", str(cfg), "--quiet", "--out"]
-    monkeypatch.delenv(ds.MIRROR_ENV, raising=False)
-    assert cli([*args, str(tmp_path / "none")]) == 2
-    assert capsys.readouterr().err.strip().endswith(
-        "--task parsing needs --ptb-dir (or --data-dir or $AIAYN_DATA_MIRROR holding ptb-sample/)")
-    assert cli([*args, str(tmp_path / "p1"), "--data-dir", str(tmp_path)]) == 0
-    monkeypatch.setenv(ds.MIRROR_ENV, str(tmp_path))
-    assert cli([*args, str(tmp_path / "p2")]) == 0
-    assert split_text(tmp_path / "p1", "test") == split_text(tmp_path / "p2", "test")
 
 
 def test_archive_dataset_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

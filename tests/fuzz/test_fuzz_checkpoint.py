@@ -14,7 +14,9 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from aiayn.checkpoint.io import MANIFEST_FILE, MODEL_FILE, read_model_weights, save_checkpoint, verify_checkpoint
+from aiayn.checkpoint.directory import save_checkpoint, verify_checkpoint
+from aiayn.checkpoint.layout import MANIFEST_FILE, MODEL_FILE
+from aiayn.checkpoint.weights import read_model_weights
 from aiayn.config import Config, load_config, model_preset
 from aiayn.errors import AiaynError
 

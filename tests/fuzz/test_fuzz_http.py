@@ -32,7 +32,7 @@ class _Errors(logging.Handler):
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, _Errors]]:
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, DecodeConfig, model_preset
     from aiayn.inference.translator import Translator
     from aiayn.model import build_model

@@ -35,7 +35,7 @@ def _one_thread():
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
 
@@ -53,7 +53,7 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def second_checkpoint(tiny_checkpoint: Path) -> Path:
     """The same model configuration and tokenizer with other random weights."""
-    from aiayn.checkpoint.io import load_checkpoint, save_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
     from aiayn.model import build_model
 
     loaded = load_checkpoint(tiny_checkpoint)

@@ -209,7 +209,7 @@ def test_parser_with_the_constraint_repairs_nothing(parsing_checkpoint_for_const
 
 @pytest.fixture(scope="module")
 def parsing_checkpoint_for_constraints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, model_preset
     from aiayn.data.trees import linearize, parse_tree
     from aiayn.model import build_model

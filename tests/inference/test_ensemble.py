@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoint.io import load_checkpoint, save_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
 from aiayn.config import DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder

@@ -43,7 +43,7 @@ def gold_trees() -> list:
 @pytest.fixture(scope="module")
 def parsing_checkpoint(tmp_path_factory: pytest.TempPathFactory, gold_trees: list) -> Path:
     """Random weights over real separate vocabularies: BPE over words, one piece per symbol."""
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
 
@@ -131,7 +131,7 @@ def _corpus_scores(gold_trees: list, results: list[ParseResult]) -> dict:
 @pytest.fixture(scope="module")
 def words_checkpoint(tmp_path_factory: pytest.TempPathFactory, gold_trees: list) -> Path:
     """Random weights, a target that spells its words (data.parsing_target: words)."""
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import DataConfig
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer

@@ -145,7 +145,7 @@ def test_low_precision_against_eager_fp32(tiny_checkpoint: Path, english: list[s
     float32 margin (best minus second-best log-probability) is under twice the bound, where
     (1) guarantees the same argmax; (3) the reported log_prob is the float32 sum of the
     low-precision decoder's own log-softmaxed logits (log-probabilities are never bf16)."""
-    from aiayn.checkpoint.io import load_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint
 
     bound = LOW_PRECISION_BOUND[dtype]
     eager = load_checkpoint(tiny_checkpoint).model.eval()
@@ -178,7 +178,7 @@ def test_low_precision_against_eager_fp32(tiny_checkpoint: Path, english: list[s
 # int8 once reported 8,960 of 175,104: the int8 copy's weights are not nn.Parameters.
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
 def test_describe_counts_the_checkpoints_parameters(tiny_checkpoint: Path, dtype: str) -> None:
-    from aiayn.checkpoint.io import load_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint
 
     stored = load_checkpoint(tiny_checkpoint).model
     counts = Translator.from_checkpoint(tiny_checkpoint, dtype=dtype).describe()["parameters"]
@@ -205,7 +205,7 @@ def test_int8(tiny_checkpoint: Path, english: list[str]) -> None:
 
 
 def test_trainer_style_construction(tiny_checkpoint: Path, english: list[str]) -> None:
-    from aiayn.checkpoint.io import load_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint
 
     loaded = load_checkpoint(tiny_checkpoint)
     tr = Translator(loaded.model, loaded.tokenizer, loaded.config.decode)

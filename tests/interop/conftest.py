@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aiayn.checkpoint.io import save_checkpoint
+from aiayn.checkpoint.directory import save_checkpoint
 from aiayn.config import Config, DecodeConfig, model_preset
 from aiayn.model import Transformer, build_model
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_tokenizer

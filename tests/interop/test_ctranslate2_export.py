@@ -65,7 +65,7 @@ def test_bad_quantization_is_an_error(tmp_path: Path, trained) -> None:
 def test_d_k_other_than_d_model_over_heads_is_refused(tmp_path: Path) -> None:
     """CTranslate2 (like HF Marian, which the export goes through) has d_k = d_v = d_model /
     n_heads: a Table 3 row (B) model is refused, naming the field, and nothing is written."""
-    from aiayn.checkpoint.io import save_checkpoint
+    from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, model_preset
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer

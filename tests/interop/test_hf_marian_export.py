@@ -11,7 +11,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
-from aiayn.checkpoint.io import save_checkpoint  # noqa: E402
+from aiayn.checkpoint.directory import save_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import Config, DecodeConfig, model_preset  # noqa: E402
 from aiayn.errors import InteropError  # noqa: E402

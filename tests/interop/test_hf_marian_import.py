@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 spm = pytest.importorskip("sentencepiece")
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 
-from aiayn.checkpoint.io import load_checkpoint  # noqa: E402
+from aiayn.checkpoint.directory import load_checkpoint  # noqa: E402
 from aiayn.cli.main import main  # noqa: E402
 from aiayn.config import DecodeConfig  # noqa: E402
 from aiayn.errors import InteropError  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from aiayn.checkpoint.io import load_checkpoint, save_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
 from aiayn.config import Config, ModelConfig, config_from_dict, model_preset, to_dict
 from aiayn.errors import ConfigError
 from aiayn.model import build_model

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.checkpoint.io import load_checkpoint, resolve_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint, resolve_checkpoint
 from aiayn.data.synthetic import generate
 from aiayn.inference.translator import Translator
 from aiayn.recipes.demo import _held_out, run_demo

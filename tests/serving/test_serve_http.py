@@ -88,7 +88,7 @@ def test_limits_accept_the_limit_and_refuse_one_more(server, sentences: list[str
 
 
 def test_health_and_model_info(server, tiny_checkpoint: Path) -> None:
-    from aiayn.checkpoint.io import load_checkpoint
+    from aiayn.checkpoint.directory import load_checkpoint
 
     r = httpx.get(f"{server.url}/health", timeout=TIMEOUT)
     assert r.status_code == 200 and r.json()["status"] == "ok"

@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from aiayn.checkpoint import io as ck
 from aiayn.checkpoint.average import last_checkpoints
+from aiayn.checkpoint.directory import is_checkpoint_dir, resolve_checkpoint
 from aiayn.cli.main import main
 from aiayn.data.batching import BatchIterator
 from aiayn.model import build_model
@@ -28,7 +28,7 @@ def _run(run_dir, make_cfg, make_task, losses, **train):
     def scripted_validate():
         # Whenever validation runs, the best so far is still on disk.
         best = trainer.checkpoints.best()
-        kept_best.append(best is None or ck.is_checkpoint_dir(best))
+        kept_best.append(best is None or is_checkpoint_dir(best))
         return {"valid_loss": losses[trainer.state.step]}
 
     trainer.validate = scripted_validate
@@ -53,7 +53,7 @@ def test_last_n_counts_periodic_checkpoints_only(tmp_path, make_cfg, make_task, 
     out = capsys.readouterr().out
     assert [line.strip() for line in out.splitlines()[1:]] == [str(p) for p in periodic]
     # The best checkpoint is a complete training checkpoint: `best` resolves and resumes.
-    assert ck.resolve_checkpoint(ckpts / "best") == ckpts / "best_step_000008"
+    assert resolve_checkpoint(ckpts / "best") == ckpts / "best_step_000008"
     fresh = Trainer(trainer.cfg, build_model(trainer.cfg.model), None,
                     train_batches=BatchIterator(make_task(n=24), trainer.cfg.train.max_tokens, seed=1))
     fresh.load(ckpts / "best")

@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 
-from aiayn.checkpoint import io as ck
+from aiayn.checkpoint.directory import resolve_checkpoint
+from aiayn.checkpoint.layout import STATE_FILE
 from aiayn.config import Config, apply_overrides
 from aiayn.data.batching import BatchIterator
 from aiayn.errors import ConfigError
@@ -82,8 +83,8 @@ def test_stops_at_the_third_validation_without_improvement(make_cfg, make_task, 
         summary = trainer.train()
     assert summary["stop_reason"] == "patience" and summary["step"] == 14
     assert summary["best"] == {"metric": metric, "value": scripted[8], "step": 8}
-    assert ck.resolve_checkpoint(tmp_path).name == "step_000014"  # the stop saves
-    state = json.loads((tmp_path / "checkpoints" / "step_000014" / ck.STATE_FILE).read_text())
+    assert resolve_checkpoint(tmp_path).name == "step_000014"  # the stop saves
+    state = json.loads((tmp_path / "checkpoints" / "step_000014" / STATE_FILE).read_text())
     assert state["validations_since_best"] == 3
     assert f"early stopping: {metric} has not improved for 3 validation(s) in a row (train.patience=3); " \
         f"the best, {scripted[8]:.4f}, was at step 8" in caplog.messages

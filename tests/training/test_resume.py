@@ -35,7 +35,7 @@ train: {{max_tokens: 96, max_steps: {steps}, lr_schedule: noam, warmup_steps: 4,
 # checkpoint of that step), or in the middle of writing the checkpoint of `save`.
 DRIVER = textwrap.dedent("""
     import os, signal, sys
-    from aiayn.checkpoint import io as checkpoint
+    from aiayn.checkpoint import directory as checkpoint_directory
     from aiayn.training import trainer
     mode, at = sys.argv[1], int(sys.argv[2])
     if mode == "step":
@@ -47,13 +47,13 @@ DRIVER = textwrap.dedent("""
             return out
         trainer.Trainer.train_step = train_step
     elif mode == "save":
-        real_save = checkpoint.save_optimizer
+        real_save = checkpoint_directory.save_optimizer
         def save_optimizer(optimizer, directory):
             # model.safetensors, config.yaml and state.json are already in the temp dir
             if directory.name.startswith(".tmp-step_%06d" % at):
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_save(optimizer, directory)
-        checkpoint.save_optimizer = save_optimizer
+        checkpoint_directory.save_optimizer = save_optimizer
     from aiayn.cli.main import main
     main(sys.argv[3:])
 """)

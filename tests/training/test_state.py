@@ -4,7 +4,9 @@ import json
 
 import torch
 
-from aiayn.checkpoint import io as ck
+from aiayn.checkpoint.directory import resolve_checkpoint, save_checkpoint
+from aiayn.checkpoint.layout import STATE_FILE
+from aiayn.checkpoint.training_state import capture_rng_state
 from aiayn.data.batching import BatchIterator
 from aiayn.model import build_model
 from aiayn.training.state import NonfiniteCounts, TrainerState, reshard_position
@@ -88,7 +90,7 @@ def test_trainer_writes_the_same_state_json_layout(make_cfg, make_task, tmp_path
     cfg = make_cfg(max_steps=3, save_every=3)
     tr = _trainer(cfg, tmp_path, make_task(n=40))
     tr.train()
-    state = json.loads((ck.resolve_checkpoint(tmp_path) / ck.STATE_FILE).read_text())
+    state = json.loads((resolve_checkpoint(tmp_path) / STATE_FILE).read_text())
     assert list(state) == [*KEYS, *ADDED, "format_version", "torch_version", "saved_at"]
     assert list(state["nonfinite"]) == NONFINITE_KEYS
     assert state["step"] == 3 and state["data"] == tr.train_batches.state_dict()
@@ -103,9 +105,9 @@ def test_a_checkpoint_in_the_old_format_resumes(make_cfg, make_task, tmp_path):
     task = make_task(n=40)
     src = _trainer(cfg, None, task)
     torch.manual_seed(1234)
-    rng = ck.capture_rng_state("cpu")
+    rng = capture_rng_state("cpu")
     expected = torch.rand(3)
-    path = ck.save_checkpoint(tmp_path / "step_000006", src.model, cfg, state=_old_format_state(rng),
+    path = save_checkpoint(tmp_path / "step_000006", src.model, cfg, state=_old_format_state(rng),
                               optimizer=src.optimizer)
     tr = _trainer(cfg, tmp_path / "run", task)
     tr.load(path)

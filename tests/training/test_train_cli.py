@@ -77,7 +77,8 @@ def _best_step(valid: list[dict], metric: str, higher_is_better: bool) -> int:
 
 
 def test_validation_bleu_best_checkpoint_and_init_from(tmp_path, prepared, monkeypatch):
-    from aiayn.checkpoint import io as ck
+    from aiayn.checkpoint.directory import load_checkpoint, resolve_checkpoint
+    from aiayn.checkpoint.manager import saved_step
     from aiayn.recipes import train as recipe
 
     cfg = _config(tmp_path, prepared, valid_bleu=True, best_metric="valid_bleu")
@@ -90,14 +91,14 @@ def test_validation_bleu_best_checkpoint_and_init_from(tmp_path, prepared, monke
     # `best` names the checkpoint of the best valid_bleu in metrics.jsonl (BLEU is 0.0 at
     # both validations of so short a run: the tie keeps step 3, saved as a best-only copy).
     best_step = _best_step(valid, "valid_bleu", higher_is_better=True)
-    best = ck.resolve_checkpoint(run / "checkpoints" / "best")
-    assert ck.saved_step(best) == best_step
+    best = resolve_checkpoint(run / "checkpoints" / "best")
+    assert saved_step(best) == best_step
     summary = json.loads((run / "train_summary.json").read_text())
     assert summary["best"] == {"metric": "valid_bleu", "step": best_step,
                                "value": next(r["valid_bleu"] for r in valid if r["step"] == best_step)}
     ckpt = run / "checkpoints" / "step_000006"
     assert (ckpt / "tokenizer").is_dir() and (run / "config.yaml").is_file()
-    assert ck.resolve_checkpoint(run) == ckpt  # what init_from=RUN_DIR starts from: the last
+    assert resolve_checkpoint(run) == ckpt  # what init_from=RUN_DIR starts from: the last
     first_loss = next(r["loss"] for r in recs if r["split"] == "train")
 
     # A fresh run initialised from the first: its model starts with the first run's last
@@ -115,7 +116,7 @@ def test_validation_bleu_best_checkpoint_and_init_from(tmp_path, prepared, monke
     assert _main(["train", "--config", str(cfg), "--run-dir", str(run2), f"train.init_from={run}",
                   "train.max_steps=4", "train.valid_every=1", "train.best_metric=valid_loss"]) == 0
     assert "initialised weights from" in (run2 / "train.log").read_text()
-    source = ck.load_checkpoint(ckpt).model.state_dict()
+    source = load_checkpoint(ckpt).model.state_dict()
     assert len(built) == 1 and list(built[0]) == list(source)
     for name, tensor in source.items():
         assert torch.equal(built[0][name], tensor), name
@@ -125,5 +126,5 @@ def test_validation_bleu_best_checkpoint_and_init_from(tmp_path, prepared, monke
     # Lower is better for valid_loss: `best` is its minimum over the 4 validations.
     valid2 = [r for r in recs2 if r["split"] == "valid"]
     assert [r["step"] for r in valid2] == [1, 2, 3, 4]
-    assert ck.saved_step(ck.resolve_checkpoint(run2 / "checkpoints" / "best")) == _best_step(
+    assert saved_step(resolve_checkpoint(run2 / "checkpoints" / "best")) == _best_step(
         valid2, "valid_loss", higher_is_better=False)

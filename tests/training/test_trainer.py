@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from aiayn.checkpoint import io as ck
+from aiayn.checkpoint.directory import resolve_checkpoint, save_checkpoint, verify_checkpoint
 from aiayn.data.batching import BatchIterator, collate
 from aiayn.errors import AiaynError
 from aiayn.model import build_model
@@ -104,9 +104,9 @@ def test_divergence_stops_with_last_checkpoint_intact(make_cfg, make_task, tmp_p
     _poison(tr, from_call=4)  # steps 1-3 fine (checkpoint at 2), then NaN forever
     with pytest.raises(TrainingError, match="non-finite for 3 consecutive"):
         tr.train()
-    last = ck.resolve_checkpoint(tmp_path)
+    last = resolve_checkpoint(tmp_path)
     assert last.name == "step_000002"
-    ck.verify_checkpoint(last)
+    verify_checkpoint(last)
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["stop_reason"] == "diverged" and summary["step"] == 3
 
@@ -138,14 +138,14 @@ def test_stops_after_max_epochs(make_cfg, make_task, tmp_path):
     summary = tr.train()
     assert summary["stop_reason"] == "max_epochs"
     assert tr.state.step == 2 * len(tr.train_batches) and tr.train_batches.epoch == 3
-    assert ck.resolve_checkpoint(tmp_path).name == f"step_{tr.state.step:06d}"
+    assert resolve_checkpoint(tmp_path).name == f"step_{tr.state.step:06d}"
 
 
 def test_stops_at_wall_time(make_cfg, make_task, tmp_path):
     tr = _trainer(make_cfg(max_time_minutes=1e-6, max_steps=100), tmp_path, make_task(n=40))
     summary = tr.train()
     assert summary["stop_reason"] == "max_time" and tr.state.step == 1
-    assert ck.resolve_checkpoint(tmp_path).name == "step_000001"
+    assert resolve_checkpoint(tmp_path).name == "step_000001"
 
 
 def test_wall_time_budget_is_not_overshot(make_cfg, make_task, tmp_path, monkeypatch):
@@ -204,7 +204,7 @@ def test_decay_over_a_time_budget_follows_the_clock(make_cfg, make_task, tmp_pat
         return 1e-5 + (1e-3 - 1e-5) * (0.5 * (1 + math.cos(math.pi * share)) if shape == "cosine" else 1 - share)
 
     assert lrs == pytest.approx([rate(0.1 * k) for k in range(9)], rel=1e-9)
-    state = json.loads((ck.resolve_checkpoint(tmp_path) / "state.json").read_text())
+    state = json.loads((resolve_checkpoint(tmp_path) / "state.json").read_text())
     assert state["scheduler"]["lr"] == pytest.approx(rate(0.9), rel=1e-9)
 
 
@@ -255,7 +255,7 @@ def test_sigterm_stops_cleanly_with_a_checkpoint(make_cfg, make_task, tmp_path):
     before = signal.getsignal(signal.SIGTERM)
     summary = tr.train()
     assert summary["stop_reason"] == "signal" and tr.state.step == 3
-    assert ck.resolve_checkpoint(tmp_path).name == "step_000003"
+    assert resolve_checkpoint(tmp_path).name == "step_000003"
     assert signal.getsignal(signal.SIGTERM) is before  # handler restored
 
 
@@ -285,7 +285,7 @@ def test_torch_compile_trains_and_saves_plain_names(make_cfg, make_task, tmp_pat
     batch = _batch(task, range(8))
     losses = [tr.train_step([batch]).loss_sum for _ in range(3)]
     assert losses[-1] < losses[0]
-    ck.save_checkpoint(tmp_path / "c", tr.forward_model, cfg)
+    save_checkpoint(tmp_path / "c", tr.forward_model, cfg)
     with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
         assert not [k for k in f.keys() if "_orig_mod" in k]
 

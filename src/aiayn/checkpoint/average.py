@@ -11,7 +11,16 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint import io as ckpt_io
+from aiayn.checkpoint.directory import (
+    load_checkpoint_config,
+    read_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from aiayn.checkpoint.layout import CHECKPOINTS_DIR, MODEL_FILE, TOKENIZER_DIR
+from aiayn.checkpoint.manager import list_checkpoints
+from aiayn.checkpoint.weights import load_model_tensors, read_model_weights
 from aiayn.config import Config, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.model import build_model
@@ -26,9 +35,9 @@ def last_checkpoints(run_dir: str | Path, n: int) -> list[Path]:
     if n < 1:
         raise CheckpointError(f"--last: need at least 1 checkpoint, got {n}")
     d = Path(run_dir)
-    if (d / ckpt_io.CHECKPOINTS_DIR).is_dir():
-        d = d / ckpt_io.CHECKPOINTS_DIR
-    found = ckpt_io.list_checkpoints(d)
+    if (d / CHECKPOINTS_DIR).is_dir():
+        d = d / CHECKPOINTS_DIR
+    found = list_checkpoints(d)
     if not found:
         raise CheckpointError(f"{run_dir}: no checkpoints found (expected step_* directories in "
                               f"{d})")
@@ -45,17 +54,17 @@ def average_weights(paths: list[str | Path]) -> tuple[dict[str, torch.Tensor], C
     ``Translator.from_checkpoint`` given several paths."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
-    dirs = [ckpt_io.resolve_checkpoint(p) for p in paths]
-    cfg = ckpt_io.load_checkpoint_config(dirs[-1])
+    dirs = [resolve_checkpoint(p) for p in paths]
+    cfg = load_checkpoint_config(dirs[-1])
     total: dict[str, torch.Tensor] = {}
     reference: dict[str, torch.Tensor] = {}
     for d in dirs:
-        ckpt_io.verify_checkpoint(d)
-        other = ckpt_io.load_checkpoint_config(d)
+        verify_checkpoint(d)
+        other = load_checkpoint_config(d)
         if to_dict(other.model) != to_dict(cfg.model):
             raise CheckpointError(f"{d}: a different model than {dirs[-1]}; only checkpoints of "
                                   "one model can be averaged")
-        tensors = ckpt_io.read_model_weights(d / ckpt_io.MODEL_FILE)
+        tensors = read_model_weights(d / MODEL_FILE)
         if reference and set(tensors) != set(reference):  # every name, integer tensors too
             raise CheckpointError(f"{d}: its weight names differ from {dirs[0]}")
         for name, t in tensors.items():
@@ -80,20 +89,20 @@ def average_checkpoints(paths: list[str | Path], out: str | Path) -> Path:
     if not paths:
         raise CheckpointError("no checkpoints to average")
     out = Path(out).resolve()
-    if any(ckpt_io.resolve_checkpoint(p).resolve() == out for p in paths):
+    if any(resolve_checkpoint(p).resolve() == out for p in paths):
         raise CheckpointError(f"{out}: the output would overwrite one of the inputs")
     averaged, cfg, dirs = average_weights(paths)
     model = build_model(cfg.model)
-    ckpt_io.load_model_tensors(model, averaged, dirs[-1] / ckpt_io.MODEL_FILE)
-    states = [ckpt_io.read_state(d) for d in dirs]
+    load_model_tensors(model, averaged, dirs[-1] / MODEL_FILE)
+    states = [read_state(d) for d in dirs]
     state = {
         "step": states[-1].get("step"),
         "epoch": states[-1].get("epoch"),
         "averaged_from": [str(d) for d in dirs],
         "averaged_steps": [s.get("step") for s in states],
     }
-    tok = dirs[-1] / ckpt_io.TOKENIZER_DIR
-    path = ckpt_io.save_checkpoint(out, model, cfg, tokenizer=tok if tok.is_dir() else None,
+    tok = dirs[-1] / TOKENIZER_DIR
+    path = save_checkpoint(out, model, cfg, tokenizer=tok if tok.is_dir() else None,
                                    state=state)
     log.info("averaged %d checkpoints (%s) into %s", len(dirs),
              ", ".join(d.name for d in dirs), path)

@@ -127,7 +127,7 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
 
 def _run_parsing(args: argparse.Namespace) -> int:
     from aiayn.data.datasets import default_mirror
-    from aiayn.data.prepare import prepare_parsing_data
+    from aiayn.data.treebank import prepare_parsing_data
 
     mirror = Path(args.data_dir) if args.data_dir else default_mirror()
     if args.ptb_dir:

@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _run_dir_of(resume: Path) -> Path:
     """The run directory a --resume path belongs to."""
-    from aiayn.checkpoint.io import CHECKPOINTS_DIR, MODEL_FILE
+    from aiayn.checkpoint.layout import CHECKPOINTS_DIR, MODEL_FILE
 
     if resume.is_file():  # a last/best pointer
         resume = resume.parent
@@ -54,7 +54,8 @@ def _run_dir_of(resume: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from aiayn.checkpoint.io import CONFIG_FILE, resolve_checkpoint
+    from aiayn.checkpoint.directory import resolve_checkpoint
+    from aiayn.checkpoint.layout import CONFIG_FILE
     from aiayn.config import apply_overrides, dump_config, load_config
 
     overrides = list(args.overrides)

@@ -241,7 +241,7 @@ class _Job:
     """One `aiayn translate` run: the checks, the pass over the input, the output."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from aiayn.checkpoint.io import resolve_checkpoint
+        from aiayn.checkpoint.directory import resolve_checkpoint
         from aiayn.inference.translator import Translator
 
         self.args = args

@@ -168,7 +168,7 @@ def checkpoint_identity(directories: Sequence[str | os.PathLike]) -> list[str]:
     """Per checkpoint directory, the SHA-256 of its checksum manifest (which lists the
     SHA-256 of its weights, configuration and tokenizer): the same checkpoint gives the same
     value wherever it lies and whatever pointer named it."""
-    from aiayn.checkpoint.io import MANIFEST_FILE
+    from aiayn.checkpoint.layout import MANIFEST_FILE
 
     out = []
     for d in directories:

@@ -225,11 +225,11 @@ class DataConfig:
     # With "words": words seen fewer times in the training trees stay placeholders.
     parsing_min_count: int = 2
     # Train on every phrase of the training trees spanning this many words or more as well,
-    # each as a pair of its own (aiayn.data.trees.phrase_subtrees); 0: the whole trees only.
+    # each as a pair of its own (aiayn.data.treebank.phrase_subtrees); 0: the whole trees only.
     parsing_subtrees: int = 0
     # Also train on this many variants of every training pair (trees and phrases) in which
     # each word is replaced, with probability parsing_substitution_rate, by a training word
-    # of the same POS tag (aiayn.data.trees.substituted; seeded by data.seed); 0: off.
+    # of the same POS tag (aiayn.data.treebank.substituted; seeded by data.seed); 0: off.
     parsing_substitutions: int = 0
     parsing_substitution_rate: float = 0.5
     # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training

@@ -9,4 +9,6 @@ Modules (import them directly; this package imports nothing heavy on its own):
 - :mod:`.sampling`  subword regularization: training sentences segmented afresh each epoch
 - :mod:`.synthetic` copy / reverse / sort / toy-language tasks from a seed
 - :mod:`.prepare`   all of the above for `aiayn prepare`: the prepared-data directory
+- :mod:`.trees`     constituency trees: read, clean, linearize, rebuild (parsing as translation)
+- :mod:`.treebank`  the Penn Treebank as parsing data: splits, augmentation, prepared directory
 """

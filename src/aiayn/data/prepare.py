@@ -49,9 +49,8 @@ from aiayn.data.binarize import (
 )
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
-from aiayn.data.trees import prepare_parsing
 from aiayn.errors import ConfigError, DataError
-from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir, make_temp_dir
+from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -259,7 +258,7 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     """
     t0 = time.perf_counter()
     cfg.validate()
-    out = check_empty_dir(out_dir, force, DataError, inputs=_input_paths(cfg, extra_files), own=_is_prepared)
+    out = check_empty_dir(out_dir, force, DataError, inputs=_input_paths(cfg, extra_files), own=is_prepared_dir)
     sources = resolve_sources(cfg, progress)
     old = _old_summary(out)
     timings: dict[str, float] = {}
@@ -283,7 +282,7 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     return summary
 
 
-def _is_prepared(out: Path) -> bool:
+def is_prepared_dir(out: Path) -> bool:
     """A directory this command wrote: rebuilt in place, reusing what did not change."""
     return (out / SUMMARY).is_file()
 
@@ -426,13 +425,13 @@ def _train_tokenizer(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
     log.info("training SentencePiece (%s, vocabulary %d%s)", settings["model_type"], cfg.vocab_size,
              ", joint" if cfg.joint_vocab else "")
     return train_tokenizer(
-        _Lazy(lambda: side(0)), _Lazy(lambda: side(1)), tmp, cfg.vocab_size, joint=cfg.joint_vocab,
-        character_coverage=cfg.character_coverage, model_type=cfg.spm_model_type,
+        _ReadAfreshEachPass(lambda: side(0)), _ReadAfreshEachPass(lambda: side(1)), tmp, cfg.vocab_size,
+        joint=cfg.joint_vocab, character_coverage=cfg.character_coverage, model_type=cfg.spm_model_type,
         input_sentence_size=cfg.spm_input_sentence_size, tgt_vocab_size=cfg.tgt_vocab_size,
         tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed)
 
 
-class _Lazy:
+class _ReadAfreshEachPass:
     """An iterable of sentences read afresh on each pass (a corpus can be larger than RAM)."""
 
     def __init__(self, make: Callable[[], Iterator[str]]) -> None:
@@ -498,47 +497,6 @@ def _write_text(path: Path, lines: Iterator[str]) -> None:
     with atomic_file(path, "wb", durable=False) as f:
         for line in lines:
             f.write((line + "\n").encode("utf-8"))
-
-
-# ------------------------------------------------------------------------ parsing
-
-
-def prepare_parsing_data(ptb_dir: str | os.PathLike, out_dir: str | os.PathLike, cfg: DataConfig,
-                         progress: bool = True, force: bool = False) -> dict[str, Any]:
-    """Constituency parsing (paper, section 6.2) as translation: words -> linearized trees.
-
-    :func:`aiayn.data.trees.prepare_parsing` writes the parallel text (and gold trees);
-    this turns it into a prepared directory like any other: separate vocabularies, BPE over
-    words on the source (``cfg.vocab_size``) and one token per tree symbol on the target
-    (a word model sized to the symbols; with ``cfg.parsing_target: words`` the words as well,
-    up to ``cfg.tgt_vocab_size`` pieces), ``{role}.gold.txt`` kept beside for EVALB.
-    """
-    out = check_empty_dir(out_dir, force, DataError, inputs=[ptb_dir], own=_is_prepared)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text_dir = make_temp_dir(out.with_name(out.name + "-text"))
-    try:
-        text_summary = prepare_parsing(Path(ptb_dir), text_dir, target=cfg.parsing_target,
-                                       min_count=cfg.parsing_min_count, subtrees=cfg.parsing_subtrees,
-                                       substitutions=cfg.parsing_substitutions,
-                                       substitution_rate=cfg.parsing_substitution_rate, seed=cfg.seed)
-        files: dict[str, Any] = {}
-        gold: dict[str, Path] = {}
-        for role in ROLES:
-            if (text_dir / f"{role}.src.txt").is_file():
-                files[f"{role}_src"] = str(text_dir / f"{role}.src.txt")
-                files[f"{role}_tgt"] = str(text_dir / f"{role}.tgt.txt")
-            if (text_dir / f"{role}.gold.txt").is_file():
-                gold[f"{role}.gold.txt"] = text_dir / f"{role}.gold.txt"
-        pcfg = dataclasses.replace(
-            cfg, dataset=None, synthetic=None, joint_vocab=False, tgt_spm_model_type="word",
-            # An upper bound: the word model keeps every tree symbol there is (soft limit).
-            tgt_vocab_size=cfg.tgt_vocab_size or 4096, **files)
-        return prepare_data(pcfg, out, progress, extra_files=gold, force=force,
-                            extra_summary={"task": "parsing", "parsing": text_summary,
-                                           "source": {"dataset": "ptb", "synthetic": None,
-                                                      "src_lang": "words", "tgt_lang": "trees"}})
-    finally:
-        shutil.rmtree(text_dir, ignore_errors=True)
 
 
 # -------------------------------------------------------------------------- loading

@@ -48,24 +48,19 @@ so the result is always one tree whose leaves are exactly the input words, in or
 - if the result is not a single constituent (several top-level pieces, or only words),
   the pieces are wrapped in a ``TOP`` root, which EVALB does not count.
 
-:func:`prepare_parsing` writes the project's split of the Penn Treebank sample as
-parallel text: ``{role}.src.txt`` (words), ``{role}.tgt.txt`` (linearized tree) and
-``{role}.gold.txt`` (cleaned trees with POS tags, one per line, for EVALB).
+The treebank as the parsing task's training data (splits, parallel text, augmentation):
+:mod:`aiayn.data.treebank`.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
-import random
 import re
-from collections import Counter
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiayn.errors import DataError
-from aiayn.fileio import write_all_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +86,6 @@ def as_placeholders(tokens: Sequence[str], placeholder: str = PLACEHOLDER) -> li
     """A target that spells its words, with each word replaced by ``placeholder``: every
     token that is not a bracket stands for a word (for :func:`rebuild`)."""
     return [t if t[:1] in "()" and len(t) > 1 else placeholder for t in tokens]
-
-DEFAULT_SPLITS: dict[str, tuple[int, int]] = {
-    "train": (1, 159),
-    "valid": (160, 179),
-    "test": (180, 199),
-}
-"""The project's split of the NLTK 10% WSJ sample, as inclusive wsj_NNNN file numbers."""
 
 
 @dataclass
@@ -401,7 +389,7 @@ def _is_label(label: str) -> bool:
     return bool(label) and not any(c in "()" or c.isspace() for c in label)
 
 
-def _finish(node: Tree) -> list[Tree]:
+def _prune_and_dissolve(node: Tree) -> list[Tree]:
     """Post-order repair: drop wordless constituents, dissolve marked brackets.
 
     Returns the nodes that replace ``node`` in its parent (none, itself, or its children).
@@ -491,7 +479,7 @@ def rebuild(
         return Tree(tags[i] if tags is not None else placeholder, [], words[i])
 
     top, n = _bracket_nodes(pred_tokens, len(words), preterminal, placeholder, known)
-    pieces = _finish(Tree(_DISSOLVE, top))
+    pieces = _prune_and_dissolve(Tree(_DISSOLVE, top))
     if len(pieces) == 1 and not pieces[0].is_preterminal:
         root = pieces[0]
     else:
@@ -500,170 +488,3 @@ def rebuild(
     if logger.isEnabledFor(logging.DEBUG) and not is_well_formed(pred_tokens, len(words), placeholder):
         logger.debug("repaired malformed prediction: %s", " ".join(pred_tokens))
     return root
-
-
-# ------------------------------------------------------------------------------ preparation
-def _split_files(ptb_dir: Path, first: int, last: int) -> list[Path]:
-    files = [ptb_dir / f"wsj_{i:04d}.mrg" for i in range(first, last + 1)]
-    missing = [f.name for f in files if not f.is_file()]
-    if missing:
-        raise DataError(f"{ptb_dir}: missing {len(missing)} treebank file(s): {', '.join(missing[:5])}")
-    return files
-
-
-def _cleaned_trees(files: list[Path]) -> tuple[list[Tree], int]:
-    """The cleaned trees of ``files``, and how many were skipped for having no words."""
-    trees: list[Tree] = []
-    skipped = 0
-    for path in files:
-        for line, raw in read_trees_with_lines(path):
-            tree = clean_tree(raw)
-            if tree is None:
-                logger.warning("%s:%d: tree has no words after removing empty elements; skipped", path, line)
-                skipped += 1
-            else:
-                trees.append(tree)
-    return trees, skipped
-
-
-def _parsing_lines(trees: list[Tree], placeholder: str,
-                   spell: Container[str]) -> tuple[list[str], list[str], list[str]]:
-    """Source, target and gold lines (newline-terminated) of ``trees``."""
-    # Words never hold whitespace: the reader splits on it.
-    return ([" ".join(tree.leaves()) + "\n" for tree in trees],
-            [" ".join(linearize(tree, placeholder, spell=spell)) + "\n" for tree in trees],
-            [tree_to_string(tree) + "\n" for tree in trees])
-
-
-def phrase_subtrees(trees: Iterable[Tree], min_words: int) -> list[Tree]:
-    """Every phrase below the root of ``trees`` that spans ``min_words`` words or more, as a
-    tree of its own (depth-first, left to right): extra training pairs for a small treebank.
-    Each teaches the bracketing of a span without the rest of its sentence (the first
-    thousand trees of a treebank hold tens of thousands of such phrases)."""
-    out: list[Tree] = []
-    for tree in trees:
-        stack = list(reversed(tree.children))
-        while stack:
-            node = stack.pop()
-            if node.is_preterminal:
-                continue
-            if len(node.preterminals()) >= min_words:
-                out.append(node)
-            stack.extend(reversed(node.children))
-    return out
-
-
-def substituted(trees: Sequence[Tree], copies: int, rate: float, lexicon: Iterable[Tree],
-                seed: int = 1) -> list[Tree]:
-    """``copies`` variants of each tree of ``trees`` in which each word is replaced, with
-    probability ``rate``, by a word of the same POS tag drawn from ``lexicon``'s words by
-    their frequency there: new sentences with the same brackets, for a small treebank
-    (augmentation by same-tag substitution). Deterministic in ``seed``; ``trees`` unchanged."""
-    pool: dict[str, list[str]] = {}
-    for tree in lexicon:
-        for tag, word in zip(tree.tags(), tree.leaves()):
-            pool.setdefault(tag, []).append(word)
-    rng = random.Random(seed)
-    out: list[Tree] = []
-    for _ in range(copies):
-        for tree in trees:
-            variant = copy.deepcopy(tree)
-            for node in variant.preterminals():
-                if node.label in pool and rng.random() < rate:
-                    node.word = rng.choice(pool[node.label])
-            out.append(variant)
-    return out
-
-
-def spelled_words(trees: Iterable[Tree], min_count: int) -> frozenset[str]:
-    """The words a ``words`` target spells: those seen ``min_count`` times or more in
-    ``trees`` (the training trees); rarer words stay placeholders, so that the target
-    vocabulary holds every target token (SentencePiece merges adjacent unknowns)."""
-    counts = Counter(word for tree in trees for word in tree.leaves())
-    return frozenset(word for word, n in counts.items() if n >= min_count)
-
-
-def _training_extras(trees: list[Tree], placeholder: str, spell: Container[str], subtrees: int,
-                     substitutions: int, rate: float, seed: int) -> tuple[list[str], list[str], dict[str, int]]:
-    """The extra training pairs (source and target lines): phrases, then same-tag variants
-    of the trees and phrases; and how many of each were made, for the summary."""
-    phrases = phrase_subtrees(trees, subtrees) if subtrees > 0 else []
-    variants = substituted(trees + phrases, substitutions, rate, trees, seed) if substitutions > 0 else []
-    counts: dict[str, int] = {}
-    if subtrees > 0:
-        counts["phrases"] = len(phrases)
-    if substitutions > 0:
-        counts["substituted"] = len(variants)
-    src, tgt, _ = _parsing_lines(phrases + variants, placeholder, spell)
-    return src, tgt, counts
-
-
-def prepare_parsing(
-    ptb_dir: Path | str,
-    out_dir: Path | str,
-    *,
-    splits: Mapping[str, tuple[int, int]] | None = None,
-    placeholder: str = PLACEHOLDER,
-    target: str = "placeholders",
-    min_count: int = 2,
-    subtrees: int = 0,
-    substitutions: int = 0,
-    substitution_rate: float = 0.5,
-    seed: int = 1,
-) -> dict:
-    """Write the parsing task's parallel text for each split role.
-
-    ``ptb_dir`` holds ``wsj_NNNN.mrg`` files (or has them under ``combined/``, as the NLTK
-    sample does). ``splits`` maps role -> inclusive file-number range, by default
-    :data:`DEFAULT_SPLITS` (train 1-159, valid 160-179, test 180-199). For each role,
-    writes ``{role}.src.txt`` (words, space-separated), ``{role}.tgt.txt`` (linearized
-    tree) and ``{role}.gold.txt`` (cleaned tree with POS tags) into ``out_dir``, all
-    files renamed into place only once all are written. ``target`` is one of
-    :data:`TARGETS`; a ``words`` target spells the words seen ``min_count`` times in the
-    ``train`` role's trees (:func:`spelled_words`). ``subtrees`` > 0 adds every phrase of
-    the ``train`` trees spanning that many words or more as a pair of its own, after the
-    whole trees (:func:`phrase_subtrees`; the other roles keep their sentences).
-    ``substitutions`` > 0 adds that many variants of every ``train`` pair (trees and phrases)
-    with words replaced at ``substitution_rate`` by training words of the same POS tag
-    (:func:`substituted`, seeded by ``seed``). Returns
-    ``{"splits": {role: {"trees", "words", "skipped", "files": "wsj_0001-wsj_0159"}},
-    "placeholder", "target", "source", "spelled_words"}``, plus ``"phrases"`` (how many were
-    added) with ``subtrees`` and ``"substituted"`` with ``substitutions``.
-    """
-    if target not in TARGETS:
-        raise DataError(f"parsing target must be one of {', '.join(TARGETS)}, got {target!r}")
-    ptb_dir = Path(ptb_dir)
-    out_dir = Path(out_dir)
-    if not ptb_dir.is_dir():
-        raise DataError(f"{ptb_dir}: treebank directory not found")
-    if not any(ptb_dir.glob("wsj_*.mrg")) and (ptb_dir / "combined").is_dir():
-        ptb_dir = ptb_dir / "combined"  # the NLTK sample's layout
-    splits = dict(splits if splits is not None else DEFAULT_SPLITS)
-
-    contents: dict[Path, str] = {}
-    summary: dict = {"splits": {}, "placeholder": placeholder, "target": target, "source": str(ptb_dir)}
-    trees = {role: _cleaned_trees(_split_files(ptb_dir, first, last)) for role, (first, last) in splits.items()}
-    spell = spelled_words(trees.get("train", ([], 0))[0], min_count) if target == "words" else frozenset()
-    summary["spelled_words"] = len(spell)
-    for role, (first, last) in splits.items():
-        src_lines, tgt_lines, gold_lines = _parsing_lines(trees[role][0], placeholder, spell)
-        if role == "train":
-            src_extra, tgt_extra, counts = _training_extras(trees[role][0], placeholder, spell, subtrees,
-                                                            substitutions, substitution_rate, seed)
-            src_lines, tgt_lines = src_lines + src_extra, tgt_lines + tgt_extra
-            summary.update(counts)
-        skipped = trees[role][1]
-        contents[out_dir / f"{role}.src.txt"] = "".join(src_lines)
-        contents[out_dir / f"{role}.tgt.txt"] = "".join(tgt_lines)
-        contents[out_dir / f"{role}.gold.txt"] = "".join(gold_lines)
-        summary["splits"][role] = {
-            "trees": len(gold_lines),
-            "words": sum(len(s.split()) for s in src_lines[:len(gold_lines)]),
-            "skipped": skipped,
-            "files": f"wsj_{first:04d}-wsj_{last:04d}",
-        }
-        logger.info("parsing %s: %d trees from wsj_%04d-wsj_%04d", role, len(gold_lines), first, last)
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_all_atomic(contents, durable=False)
-    return summary

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import io as ckpt_io
 from aiayn.checkpoint.average import average_weights
+from aiayn.checkpoint.directory import LoadedCheckpoint, load_checkpoint
 from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder, IncrementalDecoder
@@ -371,15 +371,15 @@ def _pad(seqs: list[list[int]]) -> Tensor:
     return out
 
 
-def _load_with_tokenizer(path: str | Path) -> ckpt_io.LoadedCheckpoint:
-    loaded = ckpt_io.load_checkpoint(path, device="cpu")
+def _load_with_tokenizer(path: str | Path) -> LoadedCheckpoint:
+    loaded = load_checkpoint(path, device="cpu")
     if loaded.tokenizer is None:
         raise CheckpointError(f"{loaded.path}: the checkpoint has no tokenizer/ directory, so "
                               "text cannot be encoded; save it with its tokenizer")
     return loaded
 
 
-def _check_same_tokenizer(members: Sequence[ckpt_io.LoadedCheckpoint]) -> None:
+def _check_same_tokenizer(members: Sequence[LoadedCheckpoint]) -> None:
     """An ensemble adds up probabilities id by id: its models must share one vocabulary."""
     last = members[-1]
     for member in members[:-1]:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint.io import load_checkpoint, load_checkpoint_config, resolve_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint, load_checkpoint_config, resolve_checkpoint
 from aiayn.config import Config, ModelConfig
 from aiayn.errors import InteropError
 from aiayn.fileio import atomic_dir

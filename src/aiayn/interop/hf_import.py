@@ -30,7 +30,7 @@ import sentencepiece as spm
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint.io import save_checkpoint
+from aiayn.checkpoint.directory import save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import InteropError
 from aiayn.fileio import check_empty_dir

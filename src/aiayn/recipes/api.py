@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiayn.checkpoint import io as ckpt_io
 from aiayn.checkpoint.average import average_checkpoints, last_checkpoints
+from aiayn.checkpoint.directory import load_checkpoint_config, resolve_checkpoint
 from aiayn.config import Config, DataConfig, apply_overrides, from_dict, load_config, to_dict
 from aiayn.data.prepare import prepare_data
 from aiayn.errors import CheckpointError, ConfigError
@@ -124,7 +124,7 @@ def average(inputs: PathLike | Sequence[PathLike], out: PathLike, *, last: int |
 
     Args:
         inputs: With ``last``: one run directory. Without: two or more checkpoint
-            directories (or anything [load_checkpoint][aiayn.checkpoint.io.load_checkpoint]
+            directories (or anything [load_checkpoint][aiayn.checkpoint.directory.load_checkpoint]
             accepts), all of one model.
         out: The new checkpoint directory; never one that holds an input.
         last: Average the newest ``last`` periodic checkpoints (``step_*``) of the run.
@@ -174,7 +174,7 @@ def _config(config: PathLike | Config) -> Config:
 def _resumed_config(path: PathLike) -> Config:
     """The configuration of the checkpoint a run continues from."""
     try:
-        checkpoint = ckpt_io.resolve_checkpoint(path)
+        checkpoint = resolve_checkpoint(path)
     except CheckpointError:
         raise ConfigError(f"{path}: no checkpoint to take the configuration from; give a config") from None
-    return ckpt_io.load_checkpoint_config(checkpoint)
+    return load_checkpoint_config(checkpoint)

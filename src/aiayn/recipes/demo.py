@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoint.io import resolve_checkpoint
+from aiayn.checkpoint.directory import resolve_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig, TrainConfig, apply_overrides
 from aiayn.data.prepare import split_text
 from aiayn.data.synthetic import generate

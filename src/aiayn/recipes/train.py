@@ -20,7 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from aiayn.checkpoint import io as ckpt_io
+from aiayn.checkpoint.directory import resolve_checkpoint, verify_checkpoint
+from aiayn.checkpoint.layout import CHECKPOINTS_DIR, MODEL_FILE
+from aiayn.checkpoint.manager import CheckpointManager
+from aiayn.checkpoint.weights import load_model_weights
 from aiayn.config import Config, DecodeConfig, save_config
 from aiayn.data.batching import BatchIterator
 from aiayn.data.prepare import ensure_prepared, load_split, load_tokenizer, split_text
@@ -157,11 +160,11 @@ def _setup_file_logging(run_dir: Path) -> logging.Handler:
 def _resume_point(run_dir: Path, resume: str | Path | None, keep_last: int, info: DistInfo) -> Path | None:
     """The checkpoint to continue from: ``resume``, else the run directory's last one (a
     run started again with the same command continues); incomplete saves are cleaned."""
-    manager = ckpt_io.CheckpointManager(run_dir, keep_last)
+    manager = CheckpointManager(run_dir, keep_last)
     if info.is_main:
         manager.clean_incomplete()
     if resume is not None:
-        return ckpt_io.resolve_checkpoint(resume)
+        return resolve_checkpoint(resume)
     last = manager.last()
     if last is not None and info.is_main:
         log.info("%s has a checkpoint: resuming from %s", run_dir, last)
@@ -174,9 +177,9 @@ def _build_model(cfg: Config, resume_from: Path | None, info: DistInfo) -> Trans
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model)
     if cfg.train.init_from and resume_from is None:
-        src = ckpt_io.resolve_checkpoint(cfg.train.init_from)
-        ckpt_io.verify_checkpoint(src)
-        ckpt_io.load_model_weights(model, src / ckpt_io.MODEL_FILE)
+        src = resolve_checkpoint(cfg.train.init_from)
+        verify_checkpoint(src)
+        load_model_weights(model, src / MODEL_FILE)
         log.info("initialised weights from %s", src)
     if info.enabled:
         # Different dropout masks per process; the data already differ by shard.
@@ -213,7 +216,7 @@ def _check_fp16(cfg: Config) -> None:
 
 def is_run_dir(path: Path) -> bool:
     """Whether ``path`` holds a run's files (checkpoints, metrics or its log): a run to resume."""
-    return any((path / name).exists() for name in (ckpt_io.CHECKPOINTS_DIR, "metrics.jsonl", "train.log"))
+    return any((path / name).exists() for name in (CHECKPOINTS_DIR, "metrics.jsonl", "train.log"))
 
 
 def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = None,

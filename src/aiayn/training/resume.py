@@ -10,7 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from aiayn.checkpoint import io as ckpt_io
+from aiayn.checkpoint.directory import load_checkpoint_config, read_state, resolve_checkpoint, verify_checkpoint
+from aiayn.checkpoint.layout import MODEL_FILE, STATE_FILE
+from aiayn.checkpoint.training_state import load_optimizer_state, restore_optimizer, restore_rng_state
+from aiayn.checkpoint.weights import load_model_weights
 from aiayn.config import ModelConfig, to_dict
 from aiayn.errors import CheckpointError
 from aiayn.training.distributed import DistInfo
@@ -23,18 +26,18 @@ def restore(path: str | Path, *, model: nn.Module, model_cfg: ModelConfig, optim
             scaler: torch.amp.GradScaler, batches: Any, dist: DistInfo, device: torch.device) -> TrainerState:
     """Load the checkpoint at ``path`` (a checkpoint or run directory) into these components;
     the trainer state it holds. ``batches`` (the training iterator) may be None."""
-    path = ckpt_io.resolve_checkpoint(path)
-    ckpt_io.verify_checkpoint(path)
-    _check_same_model(ckpt_io.load_checkpoint_config(path).model, model_cfg, path)
-    state = TrainerState.from_json(ckpt_io.read_state(path))
-    ckpt_io.load_model_weights(model, path / ckpt_io.MODEL_FILE)
-    ckpt_io.restore_optimizer(optimizer, ckpt_io.load_optimizer_state(path))
+    path = resolve_checkpoint(path)
+    verify_checkpoint(path)
+    _check_same_model(load_checkpoint_config(path).model, model_cfg, path)
+    state = TrainerState.from_json(read_state(path))
+    load_model_weights(model, path / MODEL_FILE)
+    restore_optimizer(optimizer, load_optimizer_state(path))
     if state.scaler and scaler.is_enabled():
         scaler.load_state_dict(state.scaler)
     if batches is not None and state.data is not None:
         batches.load_state_dict(reshard_position(state.data, state.world_size, dist.world_size, lambda: len(batches)))
     # Last: building the model and optimizer consumed random numbers.
-    ckpt_io.restore_rng_state(_rng_of_this_rank(state, dist, path), device)
+    restore_rng_state(_rng_of_this_rank(state, dist, path), device)
     log.info("resumed from %s at step %d (epoch %s)", path, state.step, state.epoch)
     return state
 
@@ -48,7 +51,7 @@ def _rng_of_this_rank(state: TrainerState, dist: DistInfo, path: Path) -> dict[s
             log.warning("checkpoint was written by %s process(es), this run has %d: random streams "
                         "(dropout) will differ from an uninterrupted run", state.world_size, dist.world_size)
     if rng is None:
-        raise CheckpointError(f"{path / ckpt_io.STATE_FILE}: no RNG state; not a training checkpoint")
+        raise CheckpointError(f"{path / STATE_FILE}: no RNG state; not a training checkpoint")
     return rng
 
 

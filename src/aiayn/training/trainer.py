@@ -39,7 +39,8 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from aiayn.checkpoint import io as ckpt_io
+from aiayn.checkpoint.manager import CheckpointManager
+from aiayn.checkpoint.training_state import capture_rng_state
 from aiayn.config import Config, TrainConfig, to_dict
 from aiayn.runtime import resolve_train_dtype, torch_dtype
 from aiayn.training import amp, resume
@@ -211,7 +212,7 @@ class Trainer:
         return dataclasses.replace(
             self.state, epoch=data["epoch"] if data else None, data=data,
             scheduler={"kind": self.tc.lr_schedule, "step": step, "lr": self.schedule(max(step, 1), self.elapsed())},
-            rng=rng_per_rank[0] if rng_per_rank else ckpt_io.capture_rng_state(self.device),
+            rng=rng_per_rank[0] if rng_per_rank else capture_rng_state(self.device),
             rng_per_rank=rng_per_rank if rng_per_rank and len(rng_per_rank) > 1 else None,
             world_size=self.dist.world_size,
             scaler=self.scaler.state_dict() if self.scaler.is_enabled() else None,
@@ -231,7 +232,7 @@ class Trainer:
         only the main process writes. ``periodic=False`` (a save only because validation
         improved) writes ``best_step_N``, outside the series that ``keep_last`` and
         ``aiayn average --last`` count."""
-        rng = all_gather_json(ckpt_io.capture_rng_state(self.device), self.dist, self.device)
+        rng = all_gather_json(capture_rng_state(self.device), self.dist, self.device)
         path = None
         if self.dist.is_main and self.checkpoints is not None:
             t = time.monotonic()
@@ -456,4 +457,4 @@ def _run_outputs(run_dir: Path | None, dist: DistInfo, tc: TrainConfig) -> tuple
         return None, MetricsLog(None, enabled=False)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return ckpt_io.CheckpointManager(run_dir, tc.keep_last), MetricsLog(run_dir, enabled=dist.is_main)
+    return CheckpointManager(run_dir, tc.keep_last), MetricsLog(run_dir, enabled=dist.is_main)
