@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow lint bench bench-gpu multi30k clean install docs mutation
+.PHONY: demo test test-slow lint bench multi30k clean install docs mutation
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
@@ -63,6 +63,7 @@ bench: $(VENV)/.installed-dev
 # On a GPU: the cuda tests, training and decoding against peers, the matmul ceiling, in one
 # report (docs/gpu.md); e.g. GPU_BENCH_ARGS="--multi30k 4000" to add the Multi30k recipe.
 GPU_BENCH_ARGS ?=
+.PHONY: bench-gpu
 bench-gpu: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/gpu.py $(GPU_BENCH_ARGS)
 
