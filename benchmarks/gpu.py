@@ -97,9 +97,11 @@ def sync(device: torch.device) -> None:
 
 def bench_dtype(device: torch.device) -> str:
     """bf16 on GPUs that have it, fp16 on older ones, fp32 on a CPU."""
+    from aiayn.runtime import cuda_native_bf16
+
     if device.type != "cuda":
         return "fp32"
-    return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cuda_native_bf16(device) else "fp16"
 
 
 def describe(device: torch.device) -> dict[str, Any]:

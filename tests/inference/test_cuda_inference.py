@@ -13,6 +13,7 @@ from aiayn.config import Config, DecodeConfig, model_preset
 from aiayn.data.trees import linearize, parse_tree
 from aiayn.inference.parsing import Parser
 from aiayn.inference.translator import Translator
+from aiayn.runtime import cuda_native_bf16
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="platform: no CUDA device")]
 
@@ -47,7 +48,7 @@ def test_cuda_decoding_matches_the_cpu(tiny_checkpoint: Path, english: list[str]
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_reduced_precision_decodes_every_sentence(tiny_checkpoint: Path, english: list[str], dtype: str) -> None:
-    if dtype == "bf16" and not torch.cuda.is_bf16_supported():
+    if dtype == "bf16" and not cuda_native_bf16():
         pytest.skip("platform: no bf16 on this GPU")
     gpu = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype)
     texts = english[:16]
@@ -66,7 +67,7 @@ def test_a_cuda_ensemble_matches_the_cpus(tiny_checkpoint: Path, second_checkpoi
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_compiled_decoding_on_cuda_matches_eager(tiny_checkpoint: Path, english: list[str], dtype: str) -> None:
-    if dtype == "bf16" and not torch.cuda.is_bf16_supported():
+    if dtype == "bf16" and not cuda_native_bf16():
         pytest.skip("platform: no bf16 on this GPU")
     eager = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype)
     compiled = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype, compile=True)

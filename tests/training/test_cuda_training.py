@@ -15,6 +15,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 from aiayn.checkpoint import io as ck  # noqa: E402
 from aiayn.data.batching import BatchIterator, collate  # noqa: E402
 from aiayn.model import build_model  # noqa: E402
+from aiayn.runtime import cuda_native_bf16  # noqa: E402
 from aiayn.training.distributed import DistInfo  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_fp16_resume_restores_the_scale_bit_exactly(make_cfg, make_task, tmp_pat
 
 
 def test_bf16_autocast_trains(make_cfg, make_task):
-    if not torch.cuda.is_bf16_supported():
+    if not cuda_native_bf16():
         pytest.skip("platform: no bf16 on this GPU")
     task = make_task(n=8)
     tr = _trainer(make_cfg(dtype="bf16", label_smoothing=0.0))
@@ -141,7 +142,7 @@ def test_cuda_gradients_match_the_cpus_to_float32_rounding(make_cfg, make_task):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_torch_compile_trains_on_cuda(make_cfg, make_task, dtype):
-    if dtype == "bf16" and not torch.cuda.is_bf16_supported():
+    if dtype == "bf16" and not cuda_native_bf16():
         pytest.skip("platform: no bf16 on this GPU")
     task = make_task(n=8)
     tr = _trainer(make_cfg(compile=True, dtype=dtype, label_smoothing=0.0))
