@@ -32,13 +32,13 @@ import gc
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import traceback
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +126,7 @@ def peak_memory_gb(device: torch.device) -> float | None:
     return round(torch.cuda.max_memory_allocated(device) / 1e9, 2) if device.type == "cuda" else None
 
 
-def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, reps: int = 20) -> float:
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int, reps: int = 50) -> float:
     """Measured dense matmul rate in ``dtype``: the ceiling MFU is taken against."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
@@ -166,35 +166,40 @@ def run_section(name: str, fn: Callable[[], Any], report: dict[str, Any]) -> Any
     return report[name]
 
 
+TEST_OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+SKIP_REASON = re.compile(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$")
+
+
 def cuda_tests(paths: list[str], timeout: float) -> dict[str, Any]:
-    """``pytest -m cuda`` over ``paths`` in a child process; counts from its JUnit XML."""
-    with tempfile.TemporaryDirectory(prefix="aiayn-gpu-tests-") as tmp:
-        xml = Path(tmp) / "junit.xml"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-        cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-rs",
-               f"--junitxml={xml}", *paths]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        seconds = round(time.perf_counter() - t0, 1)
-        if not xml.exists():
-            raise RuntimeError(f"pytest exited {proc.returncode}: {(proc.stdout + proc.stderr)[-2000:]}")
-        counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
-        failures, skip_reasons = [], set()
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            name = f"{case.get('classname')}::{case.get('name')}"
-            if case.find("failure") is not None:
-                counts["failed"] += 1
-                failures.append(name)
-            elif case.find("error") is not None:
-                counts["errors"] += 1
-                failures.append(name)
-            elif (skip := case.find("skipped")) is not None:
-                counts["skipped"] += 1
-                skip_reasons.add(skip.get("message", ""))
-            else:
-                counts["passed"] += 1
-    return {**counts, "exit_code": proc.returncode, "failures": failures, "skip_reasons": sorted(skip_reasons),
-            "seconds": seconds, "summary": (proc.stdout.strip().splitlines() or [""])[-1]}
+    """``pytest -m cuda`` over ``paths`` in a child process, counted from its verbose output
+    (so that a run stopped at ``timeout`` still reports the tests it finished)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-v", "-rs", "-p", "no:cacheprovider", *paths]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        timed_out = True
+    counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0}
+    key = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "errors", "SKIPPED": "skipped",
+           "XFAIL": "skipped"}
+    failures, skip_reasons = [], set()
+    for line in output.splitlines():
+        if match := TEST_OUTCOME.match(line):
+            counts[key[match[2]]] += 1
+            if match[2] in ("FAILED", "ERROR"):
+                failures.append(match[1])
+        elif match := SKIP_REASON.match(line):
+            skip_reasons.add(match[1])
+    if sum(counts.values()) == 0 and proc.returncode not in (0, 5):  # 5: nothing collected
+        raise RuntimeError(f"pytest exited {proc.returncode}: {output[-2000:]}")
+    return {**counts, "exit_code": proc.returncode, "timed_out": timed_out, "failures": failures,
+            "skip_reasons": sorted(skip_reasons), "seconds": round(time.perf_counter() - t0, 1),
+            "summary": (output.strip().splitlines() or [""])[-1]}
 
 
 # ----------------------------------------------------------------------------- training
@@ -554,8 +559,9 @@ def print_report(report: dict[str, Any]) -> None:
     if "error" in tests:
         print(f"cuda tests: not run ({tests['error']})")
     elif tests:
+        stopped = ", stopped at --tests-timeout" if tests["timed_out"] else ""
         print(f"cuda tests: {tests['passed']} passed, {tests['failed']} failed, {tests['errors']} errors, "
-              f"{tests['skipped']} skipped ({tests['seconds']} s)")
+              f"{tests['skipped']} skipped ({tests['seconds']} s{stopped})")
         for name in tests["failures"]:
             print(f"  FAILED {name}")
     train = report.get("train")
@@ -606,12 +612,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--skip-tests", action="store_true", help="no pytest -m cuda")
     ap.add_argument("--tests", nargs="+", help="where pytest looks for the cuda tests "
                     "(default: tests/, or the cuda test files with --quick)")
+    ap.add_argument("--tests-timeout", type=float, default=330.0, help="seconds the cuda tests may take")
     ap.add_argument("--multi30k", type=int, metavar="UPDATES", help="run make multi30k stopped by UPDATES updates")
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), help="the data mirror for --multi30k")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: CUDA is not available here (--device cpu --quick checks the script)")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     sizes = QUICK if args.quick else FULL
     if device.type == "cpu":
         W.setup_threads()
@@ -622,7 +631,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         report["tests"] = None
     else:
         paths = args.tests or (CUDA_TEST_FILES if args.quick else ["tests"])
-        run_section("tests", lambda: cuda_tests(paths, timeout=300), report)
+        run_section("tests", lambda: cuda_tests(paths, timeout=args.tests_timeout), report)
     peak_dtype = torch.bfloat16 if dtype == "bf16" else torch.float16 if dtype == "fp16" else torch.float32
     report["peak_dtype"] = str(peak_dtype).removeprefix("torch.")
     peak = run_section("peak_tflops", lambda: matmul_tflops(device, peak_dtype, sizes.matmul_n), report)

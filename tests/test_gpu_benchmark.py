@@ -37,6 +37,7 @@ def test_the_cuda_tests_are_collected_and_skip_without_a_gpu(report: dict) -> No
     tests = report["tests"]
     assert tests["skipped"] >= 10 and tests["passed"] == tests["failed"] == tests["errors"] == 0
     assert tests["skip_reasons"] == ["platform: no CUDA device"] and tests["exit_code"] == 0
+    assert tests["timed_out"] is False and tests["failures"] == []
 
 
 def test_training_rows_measure_aiayn_and_its_peers(report: dict) -> None:
