@@ -19,7 +19,6 @@ from torch.profiler import ProfilerActivity, profile
 from aiayn.config import Config, DataConfig, TrainConfig, model_preset
 from aiayn.data.batching import collate
 from aiayn.model import build_model
-from aiayn.training.loss import CPU_CHUNK_ROWS, chunk_rows_for_memory, loss_chunk_rows
 from aiayn.training.trainer import Trainer
 
 # aten operators of one fp32 step on a CPU (nested calls included), torch 2.13.
@@ -52,18 +51,3 @@ def test_a_training_step_dispatches_no_more_operators_than_pinned(one_thread):
     assert total <= PINNED_OPS, (f"one training step dispatches {total} aten operators, {total - PINNED_OPS} more "
                                  f"than pinned; most frequent: {ops.most_common(12)}")
 
-
-def test_the_loss_chunk_is_sized_per_device(monkeypatch):
-    cpu = torch.device("cpu")
-    assert loss_chunk_rows(cpu, 32000, torch.float32) == CPU_CHUNK_ROWS == 1024
-    # A GPU: a quarter of the free memory, at most 2 GiB, in multiples of 1,024 rows.
-    gib = 1 << 30
-    assert chunk_rows_for_memory(60 * gib, 32000, torch.bfloat16) == 5 * 1024  # 2 GiB / (32000 x 12 B) = 5,592
-    assert chunk_rows_for_memory(4 * gib, 32000, torch.bfloat16) == 2 * 1024  # a quarter: 1 GiB
-    assert chunk_rows_for_memory(8 * gib, 32000, torch.float32) == 4 * 1024  # 2 x 4 B + 8 B a column
-    assert chunk_rows_for_memory(gib, 32000, torch.bfloat16) == CPU_CHUNK_ROWS  # never below the CPU's
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (6 * gib, 80 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * gib)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: gib)
-    # 6 GiB free + 2 GiB cached but unused: a quarter is 2 GiB.
-    assert loss_chunk_rows(torch.device("cuda", 0), 32000, torch.bfloat16) == 5 * 1024
