@@ -612,7 +612,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--skip-tests", action="store_true", help="no pytest -m cuda")
     ap.add_argument("--tests", nargs="+", help="where pytest looks for the cuda tests "
                     "(default: tests/, or the cuda test files with --quick)")
-    ap.add_argument("--tests-timeout", type=float, default=330.0, help="seconds the cuda tests may take")
+    ap.add_argument("--tests-timeout", type=float, default=360.0, help="seconds the cuda tests may take")
     ap.add_argument("--multi30k", type=int, metavar="UPDATES", help="run make multi30k stopped by UPDATES updates")
     ap.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"), help="the data mirror for --multi30k")
     args = ap.parse_args(argv)
