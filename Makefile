@@ -70,6 +70,13 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/cpu_decode.py
 	$(BIN)/python benchmarks/cpu_latency.py
 
+# On a GPU: the cuda tests, training and decoding against peers, the matmul ceiling, in one
+# report (docs/gpu.md); e.g. GPU_BENCH_ARGS="--multi30k 4000" to add the Multi30k recipe.
+GPU_BENCH_ARGS ?=
+.PHONY: bench-gpu
+bench-gpu: $(VENV)/.installed-dev
+	$(BIN)/python benchmarks/gpu.py $(GPU_BENCH_ARGS)
+
 # The site (docs/*.md and the API reference from the docstrings) into site/.
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict --site-dir site

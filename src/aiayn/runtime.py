@@ -66,7 +66,7 @@ def native_bf16(device: torch.device | str) -> bool:
 
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return cuda_native_bf16(device)
     if device.type != "cpu":
         return False
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
@@ -144,3 +144,17 @@ def resolve_device(preference: str | torch.device, local_rank: int = 0, field: s
         index = local_rank % torch.cuda.device_count() if device.index is None else device.index
         return torch.device("cuda", index)
     return device
+
+
+def cuda_native_bf16(device: torch.device | str = "cuda") -> bool:
+    """Whether a CUDA device computes in bfloat16 on its tensor cores: compute capability 8.0
+    and later (Ampere: A100, A10, RTX 30xx; Ada; Hopper: H100, H200). Older GPUs (V100, T4)
+    hold bf16 tensors but emulate the arithmetic, and ``torch.cuda.is_bf16_supported()``
+    still answers True there; fp16 with a gradient scaler is their reduced precision."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    if torch.version.hip:  # every ROCm architecture torch supports has bf16
+        return True
+    return torch.cuda.get_device_properties(torch.device(device)).major >= 8

@@ -279,3 +279,21 @@ def test_projected_loss_under_autocast_takes_the_softmax_in_float32():
     exact_loss = (0.9 - 0.1 / 29) * exact_nll + 0.1 / 29 * -lp.sum(-1)[keep].sum()
     assert math.isclose(nll.item(), exact_nll.item(), rel_tol=1e-6)
     assert math.isclose(loss.item(), exact_loss.item(), rel_tol=1e-6)
+
+
+def test_the_loss_chunk_is_sized_per_device(monkeypatch):
+    from aiayn.training.loss import CPU_CHUNK_ROWS, chunk_rows_for_memory, loss_chunk_rows
+
+    assert loss_chunk_rows(torch.device("cpu"), 32000, torch.float32) == CPU_CHUNK_ROWS == 1024
+    # A GPU: a quarter of the free memory, at most 2 GiB, in multiples of 1,024 rows; a row of a
+    # 32,000-word vocabulary takes 32000 x 12 B in bf16 (2 x 2 B + 8 B a column), 32000 x 16 B in fp32.
+    gib = 1 << 30
+    assert chunk_rows_for_memory(60 * gib, 32000, torch.bfloat16) == 5 * 1024  # capped: 2 GiB = 5,592 rows
+    assert chunk_rows_for_memory(6 * gib, 32000, torch.bfloat16) == 4 * 1024  # a quarter: 1.5 GiB = 4,194 rows
+    assert chunk_rows_for_memory(8 * gib, 32000, torch.float32) == 4 * 1024  # 2 GiB = 4,194 rows
+    assert chunk_rows_for_memory(gib, 32000, torch.bfloat16) == CPU_CHUNK_ROWS  # never below the CPU's
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: gib)
+    # 2 GiB free + 2 GiB held by the caching allocator but unused: a quarter is 1 GiB = 2,796 rows.
+    assert loss_chunk_rows(torch.device("cuda", 0), 32000, torch.bfloat16) == 2 * 1024

@@ -58,6 +58,41 @@ def label_smoothed_nll_loss(
     return loss, nll
 
 
+# The fused loss's rows per chunk on a CPU: the (1,024, V) float32 chunk of a 32,000-word
+# vocabulary (131 MB) stays within the heap the allocator reuses (aiayn.runtime).
+CPU_CHUNK_ROWS = 1024
+# On a GPU, the chunk's share of the free device memory, and its ceiling: a few large chunks
+# (a few launches of each of the loss's kernels instead of one per 1,024 rows) while the
+# step's peak memory grows by at most this. A 32,000-word vocabulary in bf16: 5,120 rows.
+GPU_CHUNK_MEMORY_FRACTION = 4
+GPU_CHUNK_MAX_BYTES = 2 << 30
+
+
+def chunk_rows_for_memory(free_bytes: int, vocab: int, matmul_dtype: torch.dtype) -> int:
+    """Rows per chunk whose temporaries fit in a quarter of ``free_bytes`` (at most
+    ``GPU_CHUNK_MAX_BYTES``), in multiples of ``CPU_CHUNK_ROWS`` and never fewer than that.
+
+    Per row a chunk holds the logits and the softmax in the matmul dtype and the float32
+    log-probabilities, plus a float32 row of slack (the bias gradient's product)."""
+    element = torch.empty((), dtype=matmul_dtype).element_size()
+    per_row = vocab * (2 * element + 8)
+    budget = min(free_bytes // GPU_CHUNK_MEMORY_FRACTION, GPU_CHUNK_MAX_BYTES)
+    return max(CPU_CHUNK_ROWS, budget // per_row // CPU_CHUNK_ROWS * CPU_CHUNK_ROWS)
+
+
+def loss_chunk_rows(device: torch.device, vocab: int, matmul_dtype: torch.dtype) -> int:
+    """The fused loss's rows per chunk on ``device``, decided here only.
+
+    A CPU: ``CPU_CHUNK_ROWS``. A GPU: from its free memory (the driver's free memory plus
+    what torch's caching allocator holds unused), so that a WMT-sized batch of 25,000 target
+    tokens takes one or a few chunks instead of 25 launches of each of its kernels."""
+    if device.type != "cuda":
+        return CPU_CHUNK_ROWS
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return chunk_rows_for_memory(free + cached, vocab, matmul_dtype)
+
+
 def projected_label_smoothed_loss(
     hidden: Tensor,
     weight: Tensor,
@@ -65,13 +100,14 @@ def projected_label_smoothed_loss(
     target: Tensor,
     epsilon: float = 0.1,
     ignore_index: int | None = 0,
-    chunk_rows: int = 1024,
+    chunk_rows: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``label_smoothed_nll_loss(F.linear(hidden, weight, bias), target)`` with reduction
     ``sum``, without ever holding the (N, V) logits in float32.
 
     hidden (..., D) are the decoder states, weight (V, D) the pre-softmax projection (the
-    tied embedding), target (...). The rows are processed ``chunk_rows`` at a time: logits
+    tied embedding), target (...). The rows are processed ``chunk_rows`` at a time (None:
+    :func:`loss_chunk_rows` of the device): logits
     of a chunk, their log-sum-exp, the loss, and at once the gradient of the loss with
     respect to those logits (``softmax * (a + b V) - b - a * onehot`` for the smoothed
     loss ``a * nll + b * sum_v(-log p_v)``), which is turned into the gradients of
@@ -88,6 +124,8 @@ def projected_label_smoothed_loss(
         else hidden.dtype
     flat_h = hidden.reshape(-1, hidden.size(-1))
     flat_t = target.reshape(-1)
+    if chunk_rows is None:
+        chunk_rows = loss_chunk_rows(hidden.device, weight.size(0), dtype)
     with torch.autocast(hidden.device.type, enabled=False):
         return _ProjectedLoss.apply(flat_h, weight, bias, flat_t, epsilon, ignore_index, chunk_rows, dtype)
 

@@ -95,42 +95,44 @@ class Trainer:
     protocol (iterate -> the rest of the current epoch; ``epoch``, ``state_dict()``,
     ``load_state_dict()``, ``len()``). ``valid_batches`` is a list of batches. Both may be
     None for tests that drive :meth:`train_step` directly. ``optimizer`` defaults to
-    :func:`~aiayn.training.optim.build_optimizer`'s, ``stopping`` to the config's limits;
-    ``bleu`` adds validation BLEU.
+    :func:`~aiayn.training.optim.build_optimizer`'s, ``stopping`` to the config's limits,
+    ``scaler`` to :func:`~aiayn.training.amp.grad_scaler`'s (enabled for fp16 only; an
+    enabled one runs the scaled update on any device); ``bleu`` adds validation BLEU.
     """
 
     def __init__(self, cfg: Config, model: Transformer, run_dir: str | Path | None = None, *,
                  train_batches: Any = None, valid_batches: list[Any] | None = None, tokenizer: Any = None,
                  device: torch.device | str = "cpu", dist_info: DistInfo | None = None,
                  optimizer: torch.optim.Optimizer | None = None, bleu: BleuFn | None = None,
-                 stopping: StoppingRules | None = None) -> None:
-        self.cfg, self.tc = cfg, cfg.train
+                 stopping: StoppingRules | None = None, scaler: torch.amp.GradScaler | None = None) -> None:
+        self.cfg, self.train_cfg = cfg, cfg.train
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.train_batches = train_batches
         self.tokenizer = tokenizer
         # The precision in effect: train.dtype with "auto" resolved for this device.
-        self.dtype = resolve_train_dtype(self.tc.dtype, self.device)
+        self.dtype = resolve_train_dtype(self.train_cfg.dtype, self.device)
         self.amp_dtype = torch_dtype(self.dtype)  # None: no autocast
         amp.check_fp16_device(self.dtype, self.device)
         self.model = model.to(self.device)
-        self.optimizer = optimizer if optimizer is not None else build_optimizer(self.model, self.tc, self.device)
-        self.schedule = make_schedule(self.tc, cfg.model.d_model)
-        self.scaler = amp.grad_scaler(self.dtype, self.device)
+        self.optimizer = optimizer if optimizer is not None else \
+            build_optimizer(self.model, self.train_cfg, self.device)
+        self.schedule = make_schedule(self.train_cfg, cfg.model.d_model)
+        self.scaler = scaler if scaler is not None else amp.grad_scaler(self.dtype, self.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.ddp = _data_parallel(self.model, self.dist, self.device)
         wrapped = self.ddp if self.ddp is not None else self.model
-        self.forward_model = torch.compile(wrapped) if self.tc.compile else wrapped
+        self.forward_model = torch.compile(wrapped) if self.train_cfg.compile else wrapped
         self.validator = Validator(valid_batches, self._loss, self.device, bleu=bleu)
-        self.stopping = stopping or StoppingRules.from_config(self.tc)
+        self.stopping = stopping or StoppingRules.from_config(self.train_cfg)
         self.signals = StopSignals()
         self.state = TrainerState()
-        self.groups = UpdateGroups(train_batches, self.tc.update_freq, self.stopping.epochs_done)
+        self.groups = UpdateGroups(train_batches, self.train_cfg.update_freq, self.stopping.epochs_done)
         self._last_saved_step: int | None = None  # of the last periodic save
         self._last_valid_step: int | None = None
         self._t0: float | None = None
-        self.checkpoints, self.metrics = _run_outputs(self.run_dir, self.dist, self.tc)
+        self.checkpoints, self.metrics = _run_outputs(self.run_dir, self.dist, self.train_cfg)
 
     # ------------------------------------------------------------------ one update
 
@@ -141,7 +143,7 @@ class Trainer:
             states = forward(batch.src, batch.tgt_in, project=False)
             return projected_label_smoothed_loss(
                 states, self.model.output_weight, self.model.output_bias, batch.tgt_out,
-                self.tc.label_smoothing, ignore_index=self.cfg.model.pad_id)
+                self.train_cfg.label_smoothing, ignore_index=self.cfg.model.pad_id)
 
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
@@ -157,7 +159,7 @@ class Trainer:
         # on all of them: their mean clock, not each one's own (weights would drift apart).
         lr = self.schedule(self.state.step + 1, elapsed_sum / self.dist.world_size)
         set_lr(self.optimizer, lr)
-        out = amp.apply_update(self.optimizer, self.scaler, self.params, self.tc.clip_norm,
+        out = amp.apply_update(self.optimizer, self.scaler, self.params, self.train_cfg.clip_norm,
                                math.isfinite(loss_sum), self.device)
         self.optimizer.zero_grad(set_to_none=True)
         self._count(out, loss_sum)
@@ -211,7 +213,8 @@ class Trainer:
         step = self.state.step
         return dataclasses.replace(
             self.state, epoch=data["epoch"] if data else None, data=data,
-            scheduler={"kind": self.tc.lr_schedule, "step": step, "lr": self.schedule(max(step, 1), self.elapsed())},
+            scheduler={"kind": self.train_cfg.lr_schedule, "step": step,
+                       "lr": self.schedule(max(step, 1), self.elapsed())},
             rng=rng_per_rank[0] if rng_per_rank else capture_rng_state(self.device),
             rng_per_rank=rng_per_rank if rng_per_rank and len(rng_per_rank) > 1 else None,
             world_size=self.dist.world_size,
@@ -263,20 +266,20 @@ class Trainer:
         self._t0 = time.monotonic()
         # Only the main process holds the validation set; every process must know whether
         # validation steps happen, since they are collective points.
-        has_valid = self._agree([bool(self.validator.batches)])[0] and bool(self.tc.valid_every)
+        has_valid = self._agree([bool(self.validator.batches)])[0] and bool(self.train_cfg.valid_every)
         total = bar_total(self.stopping, step=self.state.step, elapsed=self.state.elapsed,
                           updates_per_epoch=self._updates_per_epoch())
-        run = _Loop(has_valid, bar=progress_bar(self.dist.is_main and self.tc.progress_bar, total))
+        run = _Loop(has_valid, bar=progress_bar(self.dist.is_main and self.train_cfg.progress_bar, total))
         if self.dist.is_main:
             log.info("training %s parameters on %s (%s, %d process(es), update_freq %d) from step %d",
                      f"{sum(p.numel() for p in self.params):,}", self.device,
-                     amp.dtype_label(self.tc.dtype, self.dtype), self.dist.world_size, self.tc.update_freq,
-                     self.state.step)
+                     amp.dtype_label(self.train_cfg.dtype, self.dtype), self.dist.world_size,
+                     self.train_cfg.update_freq, self.state.step)
             if self.stopping.patience and not has_valid:
                 log.warning("train.patience: no validation set, so no early stopping")
         try:
             if self.metrics.enabled and self.run_dir is not None:
-                self.metrics.attach(open_loggers(self.tc, self.run_dir, to_dict(self.cfg), self.state.step))
+                self.metrics.attach(open_loggers(self.train_cfg, self.run_dir, to_dict(self.cfg), self.state.step))
             with self.signals.installed(), logging_around(run.bar):
                 stop_reason = self._loop(run)
             if stop_reason == "diverged":
@@ -315,20 +318,20 @@ class Trainer:
         advance_bar(run.bar, self.elapsed())
         run.trained = True
         step = self.state.step
-        if self.tc.log_every and step % self.tc.log_every == 0:
+        if self.train_cfg.log_every and step % self.train_cfg.log_every == 0:
             self._log_train(run, lr)
         # The budget check stops before an update (plus the final validation and save)
         # that would end past max_time: no overshoot.
         time_over = self.stopping.out_of_time(self.elapsed(), run.update_seconds, run.finish_seconds)
-        time_save = bool(self.tc.save_every_minutes) and \
-            time.monotonic() - run.last_time_save >= self.tc.save_every_minutes * 60
+        time_save = bool(self.train_cfg.save_every_minutes) and \
+            time.monotonic() - run.last_time_save >= self.train_cfg.save_every_minutes * 60
         time_over, time_save, signalled = self._agree([time_over, time_save, self.signals.received is not None])
         stop_reason = self.stopping.reason(step, time_over, signalled)
         final = stop_reason is not None
         if final and run.interval.steps:
             self._log_train(run, lr)
-        valid_now = run.has_valid and (step % self.tc.valid_every == 0 or final)
-        save_now = (bool(self.tc.save_every) and step % self.tc.save_every == 0) or time_save or final
+        valid_now = run.has_valid and (step % self.train_cfg.valid_every == 0 or final)
+        save_now = (bool(self.train_cfg.save_every) and step % self.train_cfg.save_every == 0) or time_save or final
         if self._validate_and_save(run, valid_now, save_now) and not final:
             # Only the validation could tell that this update was the last: its record now.
             stop_reason = "patience"
@@ -346,11 +349,11 @@ class Trainer:
         # main process's, so every validation step is a potential save).
         patience_out = valid_now and self.stopping.out_of_patience(self.state.validations_since_best)
         is_best, patience_out = self._agree([is_best, patience_out])
-        is_best = is_best and self.tc.keep_best
+        is_best = is_best and self.train_cfg.keep_best
         if patience_out:
             save_now = True
             if self.dist.is_main:
-                log.info(self.stopping.patience_message(self.tc.best_metric, self.state.best))
+                log.info(self.stopping.patience_message(self.train_cfg.best_metric, self.state.best))
         if save_now or is_best:
             self.save(is_best=is_best, periodic=save_now)
             run.last_time_save = time.monotonic()
@@ -367,7 +370,7 @@ class Trainer:
             self._log_train(run, self.schedule(self.state.step, self.elapsed()))
         is_best = False
         if run.has_valid and self.state.step != self._last_valid_step:
-            is_best = self._agree([self._maybe_validate()])[0] and self.tc.keep_best
+            is_best = self._agree([self._maybe_validate()])[0] and self.train_cfg.keep_best
         self.save(is_best=is_best)
 
     def _maybe_validate(self) -> bool:
@@ -380,7 +383,7 @@ class Trainer:
             return False
         self.metrics.write({"split": "valid", "step": step, "epoch": epoch_progress(self.train_batches), **metrics,
                             "elapsed": round(self.elapsed(), 3)})
-        better = record_validation(self.state, self.tc.best_metric, metrics, step)
+        better = record_validation(self.state, self.train_cfg.best_metric, metrics, step)
         text = " ".join(f"{k} {v:.4f}" for k, v in metrics.items())
         log.info("step %d: %s%s", step, text, self._progress_note(better))
         return better
@@ -390,7 +393,7 @@ class Trainer:
         if better:
             return " (best)"
         if self.stopping.patience:
-            return (f" (no improvement in {self.tc.best_metric} for {self.state.validations_since_best} of "
+            return (f" (no improvement in {self.train_cfg.best_metric} for {self.state.validations_since_best} of "
                     f"{self.stopping.patience} validation(s))")
         return ""
 
@@ -409,7 +412,7 @@ class Trainer:
         """Updates in an epoch of this process's shard (groups never span epochs); None if
         the training iterator has no length."""
         try:
-            return math.ceil(len(self.train_batches) / self.tc.update_freq)
+            return math.ceil(len(self.train_batches) / self.train_cfg.update_freq)
         except TypeError:
             return None
 
@@ -450,11 +453,11 @@ def _data_parallel(model: nn.Module, dist: DistInfo, device: torch.device) -> Di
     return DistributedDataParallel(model, device_ids=ids, **options)
 
 
-def _run_outputs(run_dir: Path | None, dist: DistInfo, tc: TrainConfig) -> tuple[Any, MetricsLog]:
+def _run_outputs(run_dir: Path | None, dist: DistInfo, train_cfg: TrainConfig) -> tuple[Any, MetricsLog]:
     """The run's checkpoint manager (None without a run directory) and metrics log; only the
     main process writes (and logs to train.loggers, attached when training starts)."""
     if run_dir is None:
         return None, MetricsLog(None, enabled=False)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    return CheckpointManager(run_dir, tc.keep_last), MetricsLog(run_dir, enabled=dist.is_main)
+    return CheckpointManager(run_dir, train_cfg.keep_last), MetricsLog(run_dir, enabled=dist.is_main)

@@ -1,0 +1,113 @@
+"""Decoding on a CUDA device against the CPU: the same translations where float32 margins
+allow, reduced precisions, ensembles, compiled steps and parsing. Runs where a GPU is
+present (``pytest -m cuda``); skips elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.config import Config, DecodeConfig, model_preset
+from aiayn.data.trees import linearize, parse_tree
+from aiayn.inference.parsing import Parser
+from aiayn.inference.translator import Translator
+from aiayn.runtime import cuda_native_bf16
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="platform: no CUDA device")]
+
+# Two hypotheses whose scores differ by less than this may swap places between devices: the
+# GPU's float32 sums run in another order than the CPU's.
+SCORE_MARGIN = 1e-3
+
+
+def _assert_same_where_margins_allow(cpu: Translator, gpu: Translator, texts: list[str]) -> None:
+    """Identical best translations, except where the CPU's two best scores are too close to
+    order: then the GPU's best must be one of the CPU's with the same score (to the margin)."""
+    expected = cpu.translate_detailed(texts, nbest=4)
+    got = gpu.translate_detailed(texts, nbest=4)
+    same = 0
+    for text, e, g in zip(texts, expected, got):
+        best, gpu_best = e.hypotheses[0], g.hypotheses[0]
+        if gpu_best.tokens == best.tokens:
+            same += 1
+            assert gpu_best.score == pytest.approx(best.score, abs=SCORE_MARGIN)
+            continue
+        rivals = [h for h in e.hypotheses if h.tokens == gpu_best.tokens]
+        assert rivals and abs(rivals[0].score - best.score) < SCORE_MARGIN, f"{text!r}: {gpu_best.text!r}"
+    assert same >= len(texts) * 3 // 4
+
+
+def test_cuda_decoding_matches_the_cpu(tiny_checkpoint: Path, english: list[str]) -> None:
+    cpu = Translator.from_checkpoint(tiny_checkpoint)
+    gpu = Translator.from_checkpoint(tiny_checkpoint, device="cuda")
+    assert gpu.device.type == "cuda"
+    _assert_same_where_margins_allow(cpu, gpu, english[:24])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_reduced_precision_decodes_every_sentence(tiny_checkpoint: Path, english: list[str], dtype: str) -> None:
+    if dtype == "bf16" and not cuda_native_bf16():
+        pytest.skip("platform: no bf16 on this GPU")
+    gpu = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype)
+    texts = english[:16]
+    out = gpu.translate(texts)
+    assert len(out) == len(texts) and all(isinstance(t, str) for t in out)
+    assert sum(bool(t) for t in out) >= len(texts) // 2  # a random model still says something
+
+
+def test_a_cuda_ensemble_matches_the_cpus(tiny_checkpoint: Path, second_checkpoint: Path,
+                                          english: list[str]) -> None:
+    paths = [tiny_checkpoint, second_checkpoint]
+    cpu = Translator.from_checkpoint(paths, ensemble=True)
+    gpu = Translator.from_checkpoint(paths, device="cuda", ensemble=True)
+    _assert_same_where_margins_allow(cpu, gpu, english[:16])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_compiled_decoding_on_cuda_matches_eager(tiny_checkpoint: Path, english: list[str], dtype: str) -> None:
+    if dtype == "bf16" and not cuda_native_bf16():
+        pytest.skip("platform: no bf16 on this GPU")
+    eager = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype)
+    compiled = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype, compile=True)
+    texts = english[:8]
+    if dtype == "fp32":
+        _assert_same_where_margins_allow(eager, compiled, texts)
+    else:  # bf16 rounding differs between fused and unfused kernels: every sentence decodes
+        assert len(compiled.translate(texts)) == len(texts)
+
+
+GOLD = [
+    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
+    "(NP (NP (DT a) (NN man)) (PP (IN with) (NP (DT a) (NN dog))))",
+]
+
+
+@pytest.fixture(scope="module")
+def parsing_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Random weights over separate vocabularies: BPE over words, one piece per tree symbol
+    (as test_parsing_decode.py's)."""
+    from aiayn.checkpoint.directory import save_checkpoint
+    from aiayn.model import build_model
+    from aiayn.text.tokenizer import train_tokenizer
+
+    trees = [parse_tree(t) for t in GOLD]
+    root = tmp_path_factory.mktemp("parsing")
+    words = [" ".join(t.leaves()) for t in trees] * 20
+    symbols = [" ".join(linearize(t)) for t in trees] * 20
+    tok = train_tokenizer(words, symbols, root / "spm", vocab_size=40, joint=False, model_type="bpe",
+                          tgt_model_type="word", num_threads=1)
+    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    share_embeddings="decoder", max_positions=128),
+                 decode=DecodeConfig(batch_tokens=64))
+    torch.manual_seed(0)
+    return save_checkpoint(root / "ckpt", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
+
+
+def test_parsing_on_cuda_gives_the_cpus_trees(parsing_checkpoint: Path) -> None:
+    sentences = ["The cat sat on the mat .", "a man with a dog"]
+    cpu = Parser.from_checkpoint(parsing_checkpoint).parse(sentences, beam=4)
+    gpu = Parser.from_checkpoint(parsing_checkpoint, device="cuda").parse(sentences, beam=4)
+    for c, g in zip(cpu, gpu):
+        assert g.tree is not None and g.tree.leaves() == g.words == c.words
