@@ -50,7 +50,7 @@ class AllocatingState(ConstraintState, Protocol):
         """(R,) the constraint tokens each row must meet."""
 
     def next_tokens(self) -> Tensor:
-        """(R, C) tokens that would bring each row further (-1: none), tried as candidates."""
+        """(R, N) tokens that would bring each row further (-1: none), tried as candidates."""
 
     def met_after(self, rows: Tensor, tokens: Tensor) -> Tensor:
         """(N,) the constraint tokens met by row ``rows[i]`` extended by ``tokens[i]``."""
@@ -244,15 +244,15 @@ class LexicalConstraint:
     row has met is the summed length of its met phrases plus its largest progress. It masks:
 
     - EOS, until every phrase has appeared;
-    - any token but the next one of a phrase in progress (the largest progress; any phrase's
-      first token when none is in progress), once the tokens left before the length bound
-      are just enough to write the unmet phrases (their lengths, less the largest progress):
-      so every output that ends meets all of them, in greedy search and sampling too;
+    - once the tokens left before the length bound no longer hold every unmet phrase written
+      whole, any token after which they would not fit (the unmet phrases' lengths, less the
+      largest progress, must fit in what is left): so every output that ends meets all of
+      them, in greedy search and sampling too;
     - the last token of an ``exclude`` phrase whose other tokens end the output so far (a
       one-token phrase: always).
 
     For beam search it also offers what dynamic beam allocation (Post & Vilar 2018) needs:
-    each row's next phrase tokens (:meth:`next_tokens`), to be tried beside the best
+    the tokens that bring each row further along a phrase (:meth:`next_tokens`), to be tried beside the best
     candidates, and the tokens met by a row extended by a token (:meth:`met_after`), so that
     the beam is divided into banks by that number and hypotheses that met more of their
     phrases are not crowded out by likelier ones that met fewer.
@@ -330,13 +330,17 @@ class LexicalState:
         """(R,) the tokens met: the lengths of the met phrases plus the largest progress."""
         return self.total_tokens() - self._need()
 
-    def next_tokens(self) -> Tensor:
-        """(R, C) the next token of every unmet phrase, -1 for the met ones."""
-        if self.include.size(1) == 0:
-            return torch.empty(self.met.size(0), 0, dtype=torch.long, device=self.met.device)
-        at = self.progress.clamp(max=self.include.size(2) - 1)[:, :, None]
-        nxt = self.include.gather(2, at)[:, :, 0]
-        return torch.where(self.met, -1, nxt)
+    def next_tokens(self, rows: Tensor | None = None) -> Tensor:
+        """(R, C * L) the tokens that bring each row (of ``rows``; all by default) further
+        along an unmet phrase: ``phrase[j]`` wherever the row's last j tokens are that
+        phrase's first j (j = 0: every phrase's first token); -1 pads."""
+        include, include_len, met, recent = self.include, self.include_len, self.met, self.recent
+        if rows is not None:
+            include, include_len, met, recent = include[rows], include_len[rows], met[rows], recent[rows]
+        longest = include.size(2)
+        out = [torch.where(match & (j < include_len) & ~met, include[:, :, j], -1)
+               for j, match in enumerate(_suffix_matches(recent, include, longest - 1))]
+        return torch.stack(out, dim=2).flatten(1)
 
     def met_after(self, rows: Tensor, tokens: Tensor) -> Tensor:
         """(N,) the tokens met by row ``rows[i]`` extended by ``tokens[i]``."""
@@ -352,19 +356,24 @@ class LexicalState:
 
     def mask(self, lprobs: Tensor, t: int) -> None:
         self._ban_excluded(lprobs)
-        need = self._need()
-        lprobs[:, self.eos] = torch.where(need > 0, NEG_INF, lprobs[:, self.eos])
-        # Tokens left before the length bound, this step's included.
-        room = self.max_len - t
-        forced = (need > 0) & (need >= room)
+        lprobs[:, self.eos] = torch.where(self._need() > 0, NEG_INF, lprobs[:, self.eos])
+        # Tokens left after this one before the length bound. A token that brings no phrase
+        # further leaves every unmet phrase to be written whole; where that no longer fits,
+        # only the tokens after which the unmet phrases still fit are kept.
+        room = self.max_len - t - 1
+        left = torch.where(self.met, 0, self.include_len).sum(dim=1)
+        forced = (left > 0) & (left > room)
         if not bool(forced.any()):
             return
         rows = forced.nonzero(as_tuple=True)[0]
-        progress = self.progress[rows]
-        leading = (progress == progress.amax(dim=1, keepdim=True)) & ~self.met[rows]
-        allowed = torch.where(leading, self.next_tokens()[rows], -1)  # (F, C)
+        tokens = self.next_tokens(rows)  # (F, C * L)
+        per_row = tokens.size(1)
+        need_after = (self.total_tokens()[rows, None]
+                      - self.met_after(rows.repeat_interleave(per_row), tokens.clamp(min=0).flatten()).view(-1, per_row))
+        allowed = torch.where((tokens >= 0) & (need_after <= room[rows, None]), tokens, -1)
         keep = torch.full((rows.numel(), lprobs.size(1)), NEG_INF, device=lprobs.device, dtype=lprobs.dtype)
         values = lprobs[rows].gather(1, allowed.clamp(min=0))
+        # -1 pads land on column 0 (PAD, never an output) with -inf.
         keep.scatter_(1, allowed.clamp(min=0), torch.where(allowed >= 0, values, NEG_INF))
         lprobs[rows] = keep
 
