@@ -390,9 +390,9 @@ class Translator:
                 ids = tok.encode_tgt(phrase)
                 inside = next((q for q, q_ids in zip(con.exclude, exclude) if _contains(ids, q_ids)), None)
                 if not ids or UNK_ID in ids:
-                    fail(f"constraint {phrase!r}: the target vocabulary cannot spell it (an unknown piece)")
+                    fail(f"constraint {_short(phrase)}: the target vocabulary cannot spell it (an unknown piece)")
                 elif inside is not None:
-                    fail(f"constraint {phrase!r} contains the excluded phrase {inside!r}")
+                    fail(f"constraint {_short(phrase)} contains the excluded phrase {_short(inside)}")
                 else:
                     include.append(ids)
             src_len = torch.tensor([len(results[i].src_tokens)])
@@ -450,6 +450,11 @@ class Translator:
             attention=attention.cpu() if attention is not None else None,
             log_prob=float(h.log_prob),
         )
+
+
+def _short(phrase: str, limit: int = 60) -> str:
+    """A phrase quoted for a message, cut to ``limit`` characters."""
+    return repr(phrase if len(phrase) <= limit else phrase[:limit] + "...")
 
 
 def _contains(seq: list[int], part: list[int]) -> bool:
