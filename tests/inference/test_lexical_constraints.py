@@ -12,11 +12,11 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.inference.test_search import ScriptedModel, _src
 
 from aiayn.config import DecodeConfig
 from aiayn.inference.constraints import LexicalConstraint
 from aiayn.inference.search import EOS_ID, _Beams, beam_search, greedy_search, length_penalty, sample, search
-from tests.inference.test_search import ScriptedModel, _src
 
 TOKENS = (4, 5, 6, 7, 8, 9)  # 0-3 are PAD, UNK, BOS, EOS
 VOCAB = 10

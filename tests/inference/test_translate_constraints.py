@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.inference.conftest import WORDS_DE, WORDS_EN
 
 from aiayn.errors import DataError
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, TermDictionary, parse_constraints_line
 from aiayn.inference.translator import Translator
-from tests.inference.conftest import WORDS_DE, WORDS_EN
 
 
 @pytest.fixture(scope="module")

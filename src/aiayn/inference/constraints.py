@@ -368,8 +368,8 @@ class LexicalState:
         rows = forced.nonzero(as_tuple=True)[0]
         tokens = self.next_tokens(rows)  # (F, C * L)
         per_row = tokens.size(1)
-        need_after = (self.total_tokens()[rows, None]
-                      - self.met_after(rows.repeat_interleave(per_row), tokens.clamp(min=0).flatten()).view(-1, per_row))
+        met_after = self.met_after(rows.repeat_interleave(per_row), tokens.clamp(min=0).flatten())
+        need_after = self.total_tokens()[rows, None] - met_after.view(-1, per_row)
         allowed = torch.where((tokens >= 0) & (need_after <= room[rows, None]), tokens, -1)
         keep = torch.full((rows.numel(), lprobs.size(1)), NEG_INF, device=lprobs.device, dtype=lprobs.dtype)
         values = lprobs[rows].gather(1, allowed.clamp(min=0))
