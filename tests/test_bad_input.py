@@ -56,6 +56,10 @@ MATRIX: list[Case] = [
     Case("translate/garbage-config", "translate --checkpoint {garbage_cfg} -i {good}", "config.yaml"),
     Case("translate/nan-weights", "translate --checkpoint {nan_weights} -i {good}", "NaN or infinite"),
     Case("translate/prefix-count", "translate --checkpoint {ck} -i {good} --prefix-file {empty}", "empty.txt"),
+    Case("translate/constraints-count", "translate --checkpoint {ck} -i {good} --constraints {empty}", "empty.txt"),
+    Case("translate/constraints-not-json", "translate --checkpoint {ck} -i {good} --constraints {good}",
+         "good.txt:1: not JSON"),
+    Case("translate/terms-row", "translate --checkpoint {ck} -i {good} --terms {good}", "good.txt:1"),
     Case("translate/negative-threads", "translate --checkpoint {ck} -i {good} --threads -1", "--threads -1"),
     # ---------------------------------------------------------------- evaluate
     Case("evaluate/missing-hyp", "evaluate --hyp {missing} --ref {ref}", "missing.txt: file not found"),

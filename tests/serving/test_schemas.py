@@ -13,7 +13,7 @@ from pydantic import ValidationError  # noqa: E402
 from aiayn.config import DecodeConfig, decode_options  # noqa: E402
 from aiayn.serving.schemas import TranslateRequest  # noqa: E402
 
-REQUEST_ONLY = {"texts", "attention"}
+REQUEST_ONLY = {"texts", "attention", "constraints", "exclude", "constraints_best_effort"}
 
 
 def test_request_fields_are_the_decode_fields_marked_for_http() -> None:
@@ -21,7 +21,8 @@ def test_request_fields_are_the_decode_fields_marked_for_http() -> None:
     assert set(TranslateRequest.model_fields) - REQUEST_ONLY == marked
     # The published order (OpenAPI, and the "known fields" of an unknown_field error).
     assert list(TranslateRequest.model_fields) == ["texts", "beam", "nbest", "attention", "lenpen", "max_len_a",
-                                                   "max_len_b", "min_len", "no_repeat_ngram_size"]
+                                                   "max_len_b", "min_len", "no_repeat_ngram_size", "constraints",
+                                                   "exclude", "constraints_best_effort"]
 
 
 def test_request_schema_carries_the_metadata() -> None:

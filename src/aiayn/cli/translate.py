@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn import fileio
-from aiayn.cli import options, translate_io
+from aiayn.cli import options, translate_constraints, translate_io
 from aiayn.errors import AiaynError, DataError
 
 DEFAULT_CHUNK_SIZE = 10_000
@@ -83,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Translate a file or standard input with a trained checkpoint. Several "
                     "--checkpoint paths are averaged (element-wise mean of their weights), or with --ensemble "
                     "decoded as an ensemble (the mean of their probabilities at each step).",
-        epilog=FORMAT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=FORMAT_HELP + "\n" + translate_constraints.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
     p.add_argument("--input", "-i", default="-", help="input file (plain or .gz), or - for stdin (default)")
     p.add_argument("--output", "-o", default="-", help="output file, or - for stdout (default)")
@@ -96,6 +96,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="word alignments from the last layer's cross-attention (see 'alignment' below)")
     p.add_argument("--prefix-file", metavar="FILE",
                    help="one target prefix per input line, forced at the start of its translation")
+    translate_constraints.add_flags(p)
     p.add_argument("--truncate", action="store_true",
                    help="cut a line longer than the model's source positions (with a warning naming it); "
                         "by default such a line is an error")
@@ -259,6 +260,8 @@ class _Job:
         self.identity: dict[str, Any] | None = None
         if not self.stream:
             self._scan()
+        translate_constraints.check_files(args.constraints, args.terms, _utf8_mode(args.on_invalid_utf8),
+                                          self.total, args.input)
 
     def _scan(self) -> None:
         """One pass over a regular input file (and prefix file) before any translation."""
@@ -289,7 +292,10 @@ class _Job:
         flags = {"--format": args.format, "--scores": args.scores, "--alignment": args.alignment,
                  "--truncate": args.truncate, "--on-invalid-utf8": args.on_invalid_utf8,
                  "--chunk-size": args.chunk_size, "--dtype": args.dtype, "--compile": args.compile,
-                 "--ensemble": args.ensemble, "--device": self.translator.device.type}
+                 "--ensemble": args.ensemble, "--device": self.translator.device.type,
+                 "--constraints": translate_constraints.file_sha256(args.constraints),
+                 "--terms": translate_constraints.file_sha256(args.terms),
+                 "--constraints-best-effort": args.constraints_best_effort}
         return {"input": scan.sha256, "--prefix-file": prefix.sha256 if prefix else None,
                 "--checkpoint": translate_io.checkpoint_identity(self.checkpoints),
                 **{f"decode.{k}": v for k, v in to_dict(self.cfg).items()}, **flags}
@@ -326,16 +332,23 @@ class _Job:
         with fileio.open_text_input(args.input) as (f, compressed):
             yield from translate_io.stream_chunks(f, args.chunk_size, decode, name=self.where, wait=False)
 
-    def translate(self, chunk: list[str], prefixes: list[str | None] | None, first: int, bar: Any) -> bytes:
+    def translate(self, chunk: list[str], prefixes: list[str | None] | None, first: int, bar: Any,
+                  constraints: list[Any] | None = None) -> bytes:
         """One chunk's output lines, in input order, as bytes."""
         from aiayn.inference.alignment import last_layer_mean
+        from aiayn.inference.terms import ConstraintError
 
         args = self.args
         if self.stream and not args.truncate:
             check_lengths(self.translator, chunk, first, self.where)
-        results = self.translator.translate_detailed(
-            chunk, nbest=args.nbest, attention=args.alignment, prefixes=prefixes, progress=bar.update,
-            attention_summary=last_layer_mean if args.alignment else None, first_number=first, **self.overrides)
+        try:
+            results = self.translator.translate_detailed(
+                chunk, nbest=args.nbest, attention=args.alignment, prefixes=prefixes, progress=bar.update,
+                attention_summary=last_layer_mean if args.alignment else None, first_number=first,
+                constraints=constraints, constraints_best_effort=args.constraints_best_effort, **self.overrides)
+        except ConstraintError as exc:
+            raise DataError(f"{self.where}:{first + exc.index}: {exc.reason} (--constraints-best-effort translates "
+                            "it without them)") from None
         lines = [format_result(r, first + k, self.cfg.nbest, args.format, args.scores, args.alignment)
                  for k, r in enumerate(results)]
         return "".join(line + "\n" for line in lines).encode("utf-8")
@@ -347,13 +360,16 @@ class _Job:
         args = self.args
         skip = out.lines
         prefixes = _Prefixes(args.prefix_file, args.on_invalid_utf8, skip)
+        terms = translate_constraints.LineConstraints(args.constraints, args.terms, args.on_invalid_utf8, skip)
         n = skip
         with tqdm(total=self.total, initial=skip, unit="line", file=sys.stderr, disable=args.quiet,
                   desc="translate", dynamic_ncols=True) as bar:
             for chunk in self.chunks(skip):
-                out.write(self.translate(chunk, prefixes.take(len(chunk)), n + 1, bar), len(chunk))
+                out.write(self.translate(chunk, prefixes.take(len(chunk)), n + 1, bar, terms.take(chunk)),
+                          len(chunk))
                 n += len(chunk)
         prefixes.finish(n)
+        terms.finish(n)
         return n - skip
 
 
@@ -365,7 +381,7 @@ def _check_output(args: argparse.Namespace) -> Path | None:
         raise AiaynError("--resume: needs an --output file (it continues OUTPUT.partial)")
     if args.output == "-":
         return None
-    inputs = [p for p in (args.input, args.prefix_file) if p not in (None, "-")]
+    inputs = [p for p in (args.input, args.prefix_file, args.constraints, args.terms) if p not in (None, "-")]
     path = fileio.check_output_file(args.output, inputs, "--output")
     fileio.check_output_file(path.with_name(path.name + translate_io.PARTIAL_SUFFIX), inputs, "--output")
     return path

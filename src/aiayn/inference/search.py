@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
-from aiayn.inference.constraints import Constraint, ConstraintState
+from aiayn.inference.constraints import AllocatingState, Constraint, ConstraintState
 from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 logger = logging.getLogger(__name__)
@@ -434,6 +434,10 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     log-probability cannot rise, and the length penalty is at most that of the longest
     allowed output: tensor2tensor's bound), or when no live hypothesis is left. Done
     sentences leave the batch at once.
+
+    With a constraint whose state divides the beam into banks (an ``AllocatingState``:
+    lexical constraints), the K live beams are chosen by dynamic beam allocation
+    (:meth:`_Beams.allocated`) instead of by score alone.
     """
     run = _start(model, src, cfg, copies=1, nbest=cfg.nbest, prefix=prefix, need_attn=need_attn,
                  pad=pad, bos=bos, eos=eos, constraint=constraint)
@@ -445,13 +449,17 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     # Summed log-probabilities (n, k) of the n live sentences' k beams each; k = 1 until the
     # first step has produced K different beams.
     scores = torch.zeros(src.size(0), 1, device=src.device)
+    banks = run.rows.constraint if isinstance(run.rows.constraint, AllocatingState) else None
     for t in range(run.total_steps):
         k = scores.size(1)
         lprobs = run.log_probs(t)  # (n * k, V)
         top = _Beams.best(lprobs, scores, 2 * cfg.beam)
         is_eos = top.tok == eos
         _finish_beams(run, top, is_eos, k, t)
-        live = top.live(is_eos, cfg.beam)
+        if banks is None:
+            live = top.live(is_eos, cfg.beam)
+        else:
+            live = _Beams.allocated(lprobs, scores, top, banks, cfg.beam, eos)
         done = _beams_done(run, live, k, lp_at_max, t)
         if bool(done.all()):
             break
@@ -489,6 +497,50 @@ class _Beams(NamedTuple):
         chosen = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
         return _Beams(*(x.gather(1, chosen) for x in self))
 
+    @staticmethod
+    def allocated(lprobs: Tensor, scores: Tensor, top: _Beams, state: AllocatingState, k_beam: int,
+                  eos: int) -> _Beams:
+        """The ``k_beam`` live candidates by dynamic beam allocation (Post & Vilar 2018).
+
+        Candidates: the best ones (``top``), each row's best token, and each row's next
+        constraint tokens (each (beam, token) pair once, EOS excluded). They are put in banks
+        by the constraint tokens they have met (0 to the sentence's total, T); each of the
+        T + 1 banks is given ``k_beam // (T + 1)`` slots, the remainder going to the highest
+        banks; each bank fills its slots with its best candidates, and slots left (a bank with
+        too few) go to the best candidates not yet chosen. The order is not by score.
+        """
+        n, k = scores.shape
+        dev = lprobs.device
+        beams = torch.arange(k, device=dev)
+        nxt = state.next_tokens()  # (n * k, C)
+        per_row = nxt.size(1)
+        beam = torch.cat([top.beam, beams.expand(n, k), beams.repeat_interleave(per_row).expand(n, k * per_row)], 1)
+        tok = torch.cat([top.tok, lprobs.argmax(dim=1).view(n, k), nxt.reshape(n, k * per_row)], 1)
+        rows = torch.arange(n, device=dev)[:, None] * k + beam  # (n, M)
+        valid = (tok >= 0) & (tok != eos)
+        tok = tok.clamp(min=0)
+        cand = torch.where(valid, scores.gather(1, beam) + lprobs[rows, tok], NEG_INF)
+        # Each (beam, token) pair once: the later copies of a key are dropped.
+        key_sorted, key_order = (beam * lprobs.size(1) + tok).sort(dim=1, stable=True)
+        dup_sorted = torch.zeros_like(key_sorted, dtype=torch.bool)
+        dup_sorted[:, 1:] = key_sorted[:, 1:] == key_sorted[:, :-1]
+        cand = cand.masked_fill(torch.zeros_like(dup_sorted).scatter_(1, key_order, dup_sorted), NEG_INF)
+        total = state.total_tokens().view(n, k)[:, 0]  # (n,)
+        bank = state.met_after(rows.reshape(-1), tok.reshape(-1)).view(n, -1).clamp(min=0)
+        bank = torch.minimum(bank, total[:, None])
+        n_banks = total + 1
+        base = torch.div(k_beam, n_banks, rounding_mode="floor")
+        extra = k_beam - base * n_banks
+        quota = base[:, None] + (bank >= (n_banks - extra)[:, None]).long()
+        cand_sorted, order = cand.sort(dim=1, descending=True, stable=True)
+        bank_sorted = bank.gather(1, order)
+        onehot = F.one_hot(bank_sorted, int(n_banks.max()))  # (n, M, banks)
+        rank = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # within its bank, by score
+        first = (rank < quota.gather(1, order)) & torch.isfinite(cand_sorted)
+        pick = (~first).long().argsort(dim=1, stable=True)[:, :k_beam]
+        chosen = order.gather(1, pick)
+        return _Beams(cand.gather(1, chosen), beam.gather(1, chosen), tok.gather(1, chosen))
+
 
 def _finish_beams(run: _OngoingSearch, top: _Beams, is_eos: Tensor, k: int, t: int) -> None:
     """Finish the hypotheses that chose EOS among their sentence's K best candidates (with a
@@ -505,7 +557,7 @@ def _beams_done(run: _OngoingSearch, live: _Beams, k: int, lp_at_max: Tensor, t:
     """(n,) bool on the CPU: the sentences (k rows each) whose search is over after step ``t``."""
     cfg = run.cfg
     sent = run.rows.sent[::k]  # (n,) each live sentence's index in src
-    best_live = live.scores[:, 0].cpu()
+    best_live = live.scores.amax(dim=1).cpu()
     lp_next = float(length_penalty(float(t + 2), cfg.lenpen, cfg.lenpen_style))
     bound = best_live / lp_at_max[sent].clamp(min=lp_next)
     count = run.finished.count[sent]

@@ -37,12 +37,13 @@ from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder, IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder
-from aiayn.inference.constraints import Constraint
+from aiayn.inference.constraints import Constraint, LexicalConstraint
 from aiayn.inference.optimize import optimize_for_inference
-from aiayn.inference.search import SearchHypothesis, search
+from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
+from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
-from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID
+from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
 
@@ -233,11 +234,19 @@ class Translator:
                                "joint": bool(getattr(tok, "joint", False))},
                 "parameters": self.parameters}
 
-    def translate(self, texts: Sequence[str], **decode_overrides: Any) -> list[str]:
+    def translate(self, texts: Sequence[str], constraints: Sequence[Any] | None = None,
+                  constraints_best_effort: bool = False, **decode_overrides: Any) -> list[str]:
         """The best translation of each text, in input order.
 
         Args:
             texts: The sentences, one string each; an empty one gets an empty translation.
+            constraints: Terminology, one entry per text: None (none), a list of phrases
+                that must appear in its translation (``["Hund", "roten Ball"]``), an object
+                ``{"include": [...], "exclude": [...]}`` (``exclude``: phrases that must
+                not appear) or an ``aiayn.inference.terms.LexicalConstraints``.
+            constraints_best_effort: Translate a text whose constraints cannot be met
+                within the length bound without them (with a warning) instead of raising
+                ``ConstraintError``.
             **decode_overrides: Decoding options for this call, replacing the checkpoint's
                 ``decode`` section: ``beam``, ``lenpen``, ``max_len_a``, ``max_len_b``,
                 ``min_len``, ``no_repeat_ngram_size``, ``sampling``, ... (the fields of
@@ -248,14 +257,21 @@ class Translator:
 
         Raises:
             ConfigError: An unknown decoding option or a bad value.
+            DataError: Malformed constraints.
+            ConstraintError: A text whose constraints cannot be met (a phrase the target
+                vocabulary cannot spell, phrases longer than the length bound allows, a
+                phrase that contains an excluded one, or no hypothesis found).
 
         Example:
             ```python
             translator.translate(["A man is riding a bike."], beam=5, lenpen=1.0)
+            translator.translate(["A dog chases a red ball."], constraints=[["Hund", "roten Ball"]])
             ```
         """
         return [r.hypotheses[0].text if r.hypotheses else ""
-                for r in self.translate_detailed(texts, nbest=1, **decode_overrides)]
+                for r in self.translate_detailed(texts, nbest=1, constraints=constraints,
+                                                 constraints_best_effort=constraints_best_effort,
+                                                 **decode_overrides)]
 
     def translate_detailed(self, texts: Sequence[str], nbest: int = 1, attention: bool = False,
                            prefixes: Sequence[str | None] | None = None,
@@ -263,6 +279,8 @@ class Translator:
                            constraint_for: Callable[[list[int]], Constraint] | None = None,
                            attention_summary: Callable[[Tensor], Tensor] | None = None,
                            first_number: int = 1,
+                           constraints: Sequence[Any] | None = None,
+                           constraints_best_effort: bool = False,
                            **decode_overrides: Any) -> list[TranslationResult]:
         """Up to ``nbest`` hypotheses per text with scores, pieces and (optionally) the
         cross-attention of each hypothesis.
@@ -277,7 +295,9 @@ class Translator:
         (layers, heads, target, source) weights, computed from them batch by batch (e.g.
         ``aiayn.inference.alignment.last_layer_mean``), so that many texts need not hold
         every layer's weights at once. ``first_number``: the number of ``texts[0]`` in
-        warnings (its line, when ``texts`` is a chunk of a file).
+        warnings (its line, when ``texts`` is a chunk of a file). ``constraints`` and
+        ``constraints_best_effort``: terminology, as in :meth:`translate` (not together with
+        ``constraint_for``).
         """
         cfg = self.decode_config(**{**decode_overrides, "nbest": nbest})
         if prefixes is not None and len(prefixes) != len(texts):
@@ -293,12 +313,16 @@ class Translator:
             return results
         self._encode_sources(texts, todo, results, first_number)
         prefix_ids = self._encode_prefixes(prefixes, todo)
+        lexical: dict[int, tuple[list[list[int]], list[list[int]]]] = {}
+        if constraints is not None:
+            if constraint_for is not None:
+                raise ConfigError("constraints: lexical constraints cannot be combined with another constraint")
+            lexical = self._encode_constraints(constraints_list(constraints, len(texts)), todo, results, cfg,
+                                               prefix_ids, constraints_best_effort, first_number)
         for batch in self._batches(todo, [len(results[i].src_tokens) for i in todo], cfg.batch_tokens):
-            src = _pad([results[i].src_tokens for i in batch]).to(self.device)
-            prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
-            hyps = search(self.decoder, src, cfg, prefix=prefix, need_attn=attention,
-                          pad=PAD_ID, bos=BOS_ID, eos=EOS_ID,
-                          constraint=constraint_for(batch) if constraint_for is not None else None)
+            constraint = constraint_for(batch) if constraint_for is not None else None
+            hyps = self._search(batch, results, cfg, attention, prefix_ids, constraint, lexical,
+                                constraints_best_effort, first_number)
             for i, per_sent in zip(batch, hyps):
                 results[i].hypotheses = [self._hypothesis(results[i].src_tokens, h, attention_summary)
                                          for h in per_sent]
@@ -317,6 +341,71 @@ class Translator:
                             i + first_number, len(ids), self.max_src_len)
                 ids = ids[:self.max_src_len - 1] + [EOS_ID]
             results[i].src_tokens = ids
+
+    def _search(self, batch: list[int], results: list[TranslationResult], cfg: DecodeConfig, attention: bool,
+                prefix_ids: dict[int, list[int]], constraint: Constraint | None,
+                lexical: dict[int, tuple[list[list[int]], list[list[int]]]], best_effort: bool,
+                first_number: int) -> list[list[SearchHypothesis]]:
+        """One batch's hypotheses; a sentence with lexical constraints for which the search
+        found none raises ConstraintError, or with ``best_effort`` is searched again without."""
+        src = _pad([results[i].src_tokens for i in batch]).to(self.device)
+        prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
+        if any(i in lexical for i in batch):
+            constraint = LexicalConstraint([lexical.get(i, ([], []))[0] for i in batch],
+                                           [lexical.get(i, ([], []))[1] for i in batch], eos=EOS_ID)
+        hyps = search(self.decoder, src, cfg, prefix=prefix, need_attn=attention,
+                      pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, constraint=constraint)
+        for k in [k for k, i in enumerate(batch) if not hyps[k] and i in lexical]:
+            reason = "no translation within the length bound meets its constraints"
+            if not best_effort:
+                raise ConstraintError(batch[k], reason)
+            log.warning("sentence %d: %s; translated without them", batch[k] + first_number, reason)
+            hyps[k] = search(self.decoder, src[k:k + 1], cfg, prefix=[prefix[k]] if prefix else None,
+                             need_attn=attention, pad=PAD_ID, bos=BOS_ID, eos=EOS_ID)[0]
+        return hyps
+
+    def _encode_constraints(self, constraints: list[LexicalConstraints], todo: list[int],
+                            results: list[TranslationResult], cfg: DecodeConfig, prefix_ids: dict[int, list[int]],
+                            best_effort: bool, first_number: int) -> dict[int, tuple[list[list[int]], list[list[int]]]]:
+        """Each text's constraint phrases as target pieces (SentencePiece's segmentation of the
+        phrase as words inside a sentence), checked: every phrase must be spelled without the
+        unknown piece, contain no excluded phrase, and all must fit the length bound. A text
+        that fails raises ConstraintError, or with ``best_effort`` loses what fails (a
+        warning says so)."""
+        out: dict[int, tuple[list[list[int]], list[list[int]]]] = {}
+        tok = self.tokenizer
+        for i in todo:
+            con = constraints[i]
+            if not con:
+                continue
+
+            def fail(reason: str, i: int = i, dropped: str = "it") -> None:
+                if not best_effort:
+                    raise ConstraintError(i, reason)
+                log.warning("sentence %d: %s; translated without %s", i + first_number, reason, dropped)
+
+            exclude = [ids for p in con.exclude if (ids := tok.encode_tgt(p))]
+            include = []
+            for phrase in con.include:
+                ids = tok.encode_tgt(phrase)
+                inside = next((q for q, q_ids in zip(con.exclude, exclude) if _contains(ids, q_ids)), None)
+                if not ids or UNK_ID in ids:
+                    fail(f"constraint {_short(phrase)}: the target vocabulary cannot spell it (an unknown piece)")
+                elif inside is not None:
+                    fail(f"constraint {_short(phrase)} contains the excluded phrase {_short(inside)}")
+                else:
+                    include.append(ids)
+            src_len = torch.tensor([len(results[i].src_tokens)])
+            prefix_len = torch.tensor([len(prefix_ids.get(i, []))])
+            room = int(max_output_lengths(src_len, cfg, self.decoder.max_steps, prefix_len)[0]) - int(prefix_len[0])
+            needed = sum(len(ids) for ids in include)
+            if needed > room:
+                fail(f"the constraints need {needed} target pieces; the length bound (max_len_a x source length "
+                     f"+ max_len_b, less any prefix) leaves {room}", dropped="them")
+                include = []
+            if include or exclude:
+                out[i] = (include, exclude)
+        return out
 
     def _encode_prefixes(self, prefixes: Sequence[str | None] | None, todo: list[int]) -> dict[int, list[int]]:
         if prefixes is None:
@@ -361,6 +450,17 @@ class Translator:
             attention=attention.cpu() if attention is not None else None,
             log_prob=float(h.log_prob),
         )
+
+
+def _short(phrase: str, limit: int = 60) -> str:
+    """A phrase quoted for a message, cut to ``limit`` characters."""
+    return repr(phrase if len(phrase) <= limit else phrase[:limit] + "...")
+
+
+def _contains(seq: list[int], part: list[int]) -> bool:
+    """``part`` occurs in ``seq`` as consecutive items."""
+    n = len(part)
+    return any(seq[k:k + n] == part for k in range(len(seq) - n + 1))
 
 
 def _pad(seqs: list[list[int]]) -> Tensor:

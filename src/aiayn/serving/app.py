@@ -60,6 +60,10 @@ from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError,
 from aiayn.serving.metrics import CONTENT_TYPE, ServerMetrics
 from aiayn.serving.schemas import ErrorBody, RequestBase, TranslateRequest, TranslateResponse
 
+# The key of a request's terminology among its batching options: (per text, the JSON of its
+# {"include", "exclude"}; best effort).
+LEXICAL_KEY = "lexical"
+
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -352,6 +356,14 @@ class TranslationService:
     def _translate(self, texts: list[str], nbest: int, attention: bool,
                    overrides: dict[str, Any]) -> list[TranslationResult]:
         # Runs on the batcher's worker thread: the only thread that touches the model.
+        overrides = dict(overrides)
+        lexical = overrides.pop(LEXICAL_KEY, None)
+        if lexical is not None:
+            # Requests share a batch only with equal options, so every request of this batch
+            # has these constraints, one per text: text i takes entry i modulo their number.
+            per_text, best_effort = lexical
+            overrides["constraints"] = [json.loads(per_text[i % len(per_text)]) for i in range(len(texts))]
+            overrides["constraints_best_effort"] = best_effort
         return self.translator.translate_detailed(texts, nbest=nbest, attention=attention, **overrides)
 
     def check_limits(self, req: RequestBase) -> list[int]:
@@ -404,7 +416,15 @@ class TranslationService:
         if self.closing:
             raise APIError(503, "shutting_down", "the server is shutting down")
         lengths = self.check_limits(req)
-        options = DecodeOptions.make(req.nbest, req.attention, req.decode_overrides())
+        overrides = req.decode_overrides()
+        try:
+            lexical = req.lexical_constraints()
+        except ValueError as exc:
+            raise APIError(422, "invalid_request", str(exc)) from None
+        if lexical is not None:  # hashable, so that the options can be compared and grouped
+            overrides[LEXICAL_KEY] = (tuple(json.dumps(c, ensure_ascii=False) for c in lexical),
+                                      req.constraints_best_effort)
+        options = DecodeOptions.make(req.nbest, req.attention, overrides)
         try:
             future = self.batcher.submit(req.texts, lengths, options)
         except QueueFullError as exc:

@@ -35,9 +35,42 @@ class RequestBase(BaseModel):
         nbest: int
         attention: bool
 
+    if typing.TYPE_CHECKING:
+        constraints: list[list[str] | None] | None
+        exclude: list[list[str] | None] | None
+        constraints_best_effort: bool
+
+    def lexical_constraints(self) -> list[dict[str, list[str]]] | None:
+        """Per text ``{"include", "exclude"}`` (as the translator takes them), or None when the
+        request has no terminology. A list whose length is not that of ``texts`` is a
+        ValueError naming the field."""
+        if self.constraints is None and self.exclude is None:
+            return None
+        for name in ("constraints", "exclude"):
+            given = getattr(self, name)
+            if given is not None and len(given) != len(self.texts):
+                raise ValueError(f"{name}: {len(given)} entries for {len(self.texts)} texts; give one per text "
+                                 "(null for none)")
+        n = len(self.texts)
+        include = self.constraints or [None] * n
+        exclude = self.exclude or [None] * n
+        return [{"include": list(i or []), "exclude": list(e or [])} for i, e in zip(include, exclude)]
+
     def decode_overrides(self) -> dict[str, Any]:
         """The DecodeConfig fields this request sets (None = checkpoint default)."""
         return {n: getattr(self, n) for n in HTTP_OVERRIDES if getattr(self, n) is not None}
+
+
+# Terminology, per text (request-only, after every decoding field).
+LEXICAL_FIELDS: list[tuple[int, str, Any]] = [
+    (1000, "constraints", (list[list[str] | None] | None, Field(
+        None, description="per text (null for none), phrases that must appear in its translation"))),
+    (1001, "exclude", (list[list[str] | None] | None, Field(
+        None, description="per text (null for none), phrases that must not appear in its translation"))),
+    (1002, "constraints_best_effort", (bool, Field(
+        False, description="translate a text whose constraints cannot be met without them, instead of "
+                           "refusing the request"))),
+]
 
 
 def _request_fields() -> dict[str, Any]:
@@ -48,6 +81,7 @@ def _request_fields() -> dict[str, Any]:
         (0, "texts", (list[str], Field(..., min_length=1, description="sentences to translate, in order"))),
         (3, "attention", (bool, Field(False, description="return per-layer, per-head cross-attention of the "
                                                          "best hypothesis"))),
+        *LEXICAL_FIELDS,
     ]
     for f, opt in HTTP_OPTIONS:
         http = opt.http

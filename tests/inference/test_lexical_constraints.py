@@ -1,0 +1,188 @@
+"""Lexical constraints in the search, against scripted models whose probabilities are fixed:
+the best hypothesis meeting the constraints is the one an enumeration of every output finds,
+every output of every search contains its phrases and none of its excluded ones, and beam
+search keeps hypotheses that met more of their phrases (dynamic beam allocation)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.inference.test_search import ScriptedModel, _src
+
+from aiayn.config import DecodeConfig
+from aiayn.inference.constraints import LexicalConstraint
+from aiayn.inference.search import EOS_ID, _Beams, beam_search, greedy_search, length_penalty, sample, search
+
+TOKENS = (4, 5, 6, 7, 8, 9)  # 0-3 are PAD, UNK, BOS, EOS
+VOCAB = 10
+
+
+def random_table(seed: int, tokens: tuple[int, ...] = TOKENS):
+    """A model over ``tokens`` and EOS whose distributions depend on (seed, sentence, prefix)."""
+    def table(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        g = torch.Generator().manual_seed(hash((seed, sent, prefix)) % (2**31))
+        logits = torch.randn(len(tokens) + 1, generator=g) * 2
+        logits[0] -= 1.5 - 0.5 * len(prefix)
+        probs = logits.softmax(-1).tolist()
+        return {EOS_ID: probs[0], **{tok: p for tok, p in zip(tokens, probs[1:])}}
+
+    return table
+
+
+def _contains(seq: tuple[int, ...], part: tuple[int, ...]) -> bool:
+    return any(seq[k:k + len(part)] == part for k in range(len(seq) - len(part) + 1))
+
+
+def brute_force(table, sent: int, cfg: DecodeConfig, include, exclude, tokens) -> tuple[tuple[int, ...], float] | None:
+    """The best-scored output of at most max_len_b tokens (then EOS) meeting the constraints."""
+    best: tuple[tuple[int, ...], float] | None = None
+    for n in range(cfg.max_len_b + 1):
+        for seq in itertools.product(tokens, repeat=n):
+            if not all(_contains(seq, tuple(p)) for p in include) or any(_contains(seq, tuple(p)) for p in exclude):
+                continue
+            log_prob = 0.0
+            for t, tok in enumerate((*seq, EOS_ID)):
+                p = table(sent, seq[:t]).get(tok, 0.0)
+                log_prob += math.log(p) if p > 0 else -math.inf
+            score = log_prob / length_penalty(float(n + 1), cfg.lenpen, cfg.lenpen_style)
+            if score > -math.inf and (best is None or score > best[1]):
+                best = (seq, score)
+    return best
+
+
+CASES = [  # include, exclude: phrases of tokens that do not overlap one another
+    ([[4]], []),
+    ([[5, 6]], []),
+    ([[4], [6, 5]], []),
+    ([[6, 6, 4]], [[5]]),
+    ([[5]], [[4, 4], [6, 5]]),
+    ([], [[4], [5, 6]]),
+    ([[4], [5], [6]], [[7, 7]]),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("include,exclude", CASES)
+@pytest.mark.parametrize("lenpen", [0.0, 0.6])
+def test_a_beam_as_wide_as_every_output_finds_the_best_constrained_one(seed: int, include, exclude,
+                                                                       lenpen: float) -> None:
+    tokens = (4, 5, 6, 7)
+    table = random_table(seed, tokens)
+    # Beam 400 > every output of at most 4 tokens over 4 tokens (341): no candidate is ever
+    # dropped, so the search must find exactly what the enumeration finds.
+    cfg = DecodeConfig(beam=400, lenpen=lenpen, max_len_a=0.0, max_len_b=4, nbest=1)
+    sents = [0, 1]
+    con = LexicalConstraint([include] * 2, [exclude] * 2, eos=EOS_ID)
+    got = beam_search(ScriptedModel(table, vocab=VOCAB), _src(*sents), cfg, constraint=con)
+    for sent, hyps in zip(sents, got):
+        best = brute_force(table, sent, cfg, include, exclude, tokens)
+        assert best is not None
+        assert tuple(hyps[0].tokens) == best[0]
+        assert hyps[0].score == pytest.approx(best[1], rel=1e-5)
+
+
+def test_beam_two_finds_the_best_constrained_output_that_plain_beam_search_loses() -> None:
+    """The model prefers [4 4]; the phrase [6 7] starts with an unlikely token. Beam 2 without
+    allocation keeps the two likelier prefixes [4] and [5] and, forced only at the end,
+    would write the phrase where it is unlikely; with allocation [6] keeps a slot."""
+    table = {
+        (): {4: 0.55, 5: 0.4, 6: 0.05},
+        (4,): {4: 0.6, 6: 0.01, 7: 0.39},
+        (5,): {4: 0.6, 6: 0.01, 7: 0.39},
+        (6,): {7: 0.99, 4: 0.01},
+        (6, 7): {EOS_ID: 0.99, 4: 0.01},
+    }
+
+    def lookup(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return table.get(prefix, {EOS_ID: 0.5, 4: 0.25, 6: 0.2, 7: 0.05})
+
+    cfg = DecodeConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=4, nbest=1)
+    include = [[6, 7]]
+    hyp = beam_search(ScriptedModel(lookup, vocab=VOCAB), _src(0), cfg,
+                      constraint=LexicalConstraint([include], eos=EOS_ID))[0][0]
+    best = brute_force(lookup, 0, cfg, include, [], (4, 5, 6, 7))
+    assert best is not None and tuple(hyp.tokens) == best[0] == (6, 7)
+
+
+def test_allocation_keeps_a_slot_for_each_bank() -> None:
+    """Banks by tokens met: with a two-token phrase there are three banks; beam 3 gives each
+    one slot, so the candidates that advanced the phrase stay even when worse."""
+    con = LexicalConstraint([[[6, 7]]], eos=EOS_ID)
+    state = con.start(torch.tensor([0, 0, 0]), torch.tensor([9, 9, 9]))
+    state.advance(torch.tensor([6, 4, 5]))  # row 0 has met one token of the phrase
+    lprobs = torch.full((3, VOCAB), -20.0)
+    lprobs[:, 4] = -0.1
+    lprobs[:, 5] = -0.2
+    lprobs[0, 7] = -9.0  # completing the phrase is unlikely
+    scores = torch.tensor([[-5.0, -1.0, -1.5]])
+    top = _Beams.best(lprobs, scores, 6)
+    live = _Beams.allocated(lprobs, scores, top, state, 3, EOS_ID)
+    # One per bank, the best of each: the phrase completed (2 tokens met), its first token
+    # written by the best row (1), and the best candidate overall (0).
+    assert set(zip(live.beam[0].tolist(), live.tok[0].tolist())) == {(0, 7), (1, 6), (1, 4)}
+    # By score alone, the three best.
+    by_score = top.live(top.tok == EOS_ID, 3)
+    assert set(zip(by_score.beam[0].tolist(), by_score.tok[0].tolist())) == {(1, 4), (1, 5), (2, 4)}
+
+
+def test_eos_waits_for_every_phrase_and_the_bound_forces_them_in() -> None:
+    """A model that wants to stop at once still writes the phrases, just before the bound."""
+    def stop(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return {EOS_ID: 0.9, 4: 0.05, 5: 0.03, 6: 0.02}
+
+    cfg = DecodeConfig(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=5, nbest=1)
+    con = LexicalConstraint([[[5, 6], [6]]], eos=EOS_ID)
+    hyp = greedy_search(ScriptedModel(stop, vocab=VOCAB), _src(0), cfg, constraint=con)[0][0]
+    assert _contains(tuple(hyp.tokens), (5, 6)) and len(hyp.tokens) <= 5
+
+
+def test_no_output_when_the_phrases_do_not_fit_the_bound() -> None:
+    cfg = DecodeConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=2, nbest=1)
+    con = LexicalConstraint([[[4, 5, 6]]], eos=EOS_ID)
+    assert beam_search(ScriptedModel(random_table(0), vocab=VOCAB), _src(0), cfg, constraint=con) == [[]]
+
+
+def test_excluded_one_token_phrase_never_appears() -> None:
+    def fours(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return {4: 0.9, 5: 0.05, EOS_ID: 0.05}
+
+    cfg = DecodeConfig(beam=3, lenpen=0.6, max_len_a=0.0, max_len_b=4, nbest=3)
+    con = LexicalConstraint([[]], [[[4]]], eos=EOS_ID)
+    for hyp in beam_search(ScriptedModel(fours, vocab=VOCAB), _src(0), cfg, constraint=con)[0]:
+        assert 4 not in hyp.tokens
+
+
+phrase = st.lists(st.sampled_from((4, 5, 6)), min_size=1, max_size=3)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), includes=st.lists(st.lists(phrase, max_size=3), min_size=1, max_size=3),
+       excludes=st.lists(st.lists(st.lists(st.sampled_from((7, 8, 9)), min_size=1, max_size=2), max_size=2),
+                         min_size=1, max_size=3),
+       how=st.sampled_from(["beam", "greedy", "sample"]), beam=st.integers(1, 5), extra=st.integers(0, 4))
+def test_every_output_has_every_phrase_and_no_excluded_one(seed: int, includes, excludes, how: str, beam: int,
+                                                          extra: int) -> None:
+    n = min(len(includes), len(excludes))
+    includes, excludes = includes[:n], excludes[:n]
+    longest = max(sum(len(p) for p in inc) for inc in includes)
+    cfg = DecodeConfig(beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=longest + extra, nbest=1,
+                       sampling=how == "sample", seed=seed)
+    if how == "greedy":
+        cfg = DecodeConfig(beam=1, lenpen=0.6, max_len_a=0.0, max_len_b=longest + extra, nbest=1)
+    con = LexicalConstraint(includes, excludes, eos=EOS_ID)
+    searcher = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
+    if how == "beam" and beam == 1:
+        searcher = search
+    got = searcher(ScriptedModel(random_table(seed), vocab=VOCAB), _src(*range(n)), cfg, constraint=con)
+    for inc, exc, hyps in zip(includes, excludes, got):
+        assert hyps, "every sentence gets an output: its phrases fit the bound"
+        for hyp in hyps:
+            out = tuple(hyp.tokens)
+            assert len(out) <= cfg.max_len_b
+            assert all(_contains(out, tuple(p)) for p in inc), (out, inc)
+            assert not any(_contains(out, tuple(p)) for p in exc), (out, exc)

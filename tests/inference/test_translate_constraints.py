@@ -1,0 +1,149 @@
+"""Terminology through the Python API and `aiayn translate`, on the tiny checkpoint (a real
+SentencePiece model, random weights): the phrases appear in every output, excluded ones
+never, and bad constraint files get one line naming file:line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tests.inference.conftest import WORDS_DE, WORDS_EN
+
+from aiayn.errors import DataError
+from aiayn.inference.terms import ConstraintError, LexicalConstraints, TermDictionary, parse_constraints_line
+from aiayn.inference.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_checkpoint: Path) -> Translator:
+    return Translator.from_checkpoint(tiny_checkpoint)
+
+
+def _pieces_in(tokens: list[int], part: list[int]) -> bool:
+    return any(tokens[k:k + len(part)] == part for k in range(len(tokens) - len(part) + 1))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(words=st.lists(st.sampled_from(WORDS_EN), min_size=2, max_size=8),
+       include=st.lists(st.lists(st.sampled_from(WORDS_DE), min_size=1, max_size=2), min_size=1, max_size=2),
+       exclude=st.sampled_from(WORDS_DE), beam=st.sampled_from([1, 3]), sampling=st.booleans())
+def test_every_phrase_appears_and_no_excluded_one(translator: Translator, words, include, exclude, beam: int,
+                                                  sampling: bool) -> None:
+    phrases = [" ".join(p) for p in include]
+    excluded = [exclude] if all(exclude not in p for p in include) else []
+    result = translator.translate_detailed([" ".join(words)], constraints=[{"include": phrases, "exclude": excluded}],
+                                           beam=beam, sampling=sampling, max_len_b=10)[0]
+    tok = translator.tokenizer
+    assert result.hypotheses
+    for hyp in result.hypotheses:
+        for phrase in phrases:
+            assert _pieces_in(hyp.tokens, tok.encode_tgt(phrase))
+            assert phrase in hyp.text
+        for phrase in excluded:
+            assert not _pieces_in(hyp.tokens, tok.encode_tgt(phrase))
+
+
+def test_api_forms_and_unconstrained_texts(translator: Translator) -> None:
+    texts = ["a man is riding a bike", "a dog on the street"]
+    plain = translator.translate(texts)
+    got = translator.translate(texts, constraints=[["fahrrad", "rot ball"], None])
+    assert got[1] == plain[1]  # no constraint: unchanged
+    assert "fahrrad" in got[0] and "rot ball" in got[0]
+    same = translator.translate(texts, constraints=[LexicalConstraints(("fahrrad", "rot ball")), []])
+    assert same == got
+
+
+def test_a_constraint_that_cannot_fit_is_an_error_or_dropped(translator: Translator, caplog) -> None:
+    long = " ".join(["fahrrad"] * 12)
+    with pytest.raises(ConstraintError, match=r"texts\[0\]: the constraints need \d+ target pieces"):
+        translator.translate(["a man"], constraints=[[long]], max_len_b=3)
+    assert translator.translate(["a man"], constraints=[[long]], constraints_best_effort=True, max_len_b=3) \
+        == translator.translate(["a man"], max_len_b=3)
+    assert "translated without them" in caplog.text
+    with pytest.raises(ConstraintError, match="contains the excluded phrase 'rot'"):
+        translator.translate(["a man"], constraints=[{"include": ["rot ball"], "exclude": ["rot"]}])
+    with pytest.raises(DataError, match=r"constraints: 1 entries for 2 texts"):
+        translator.translate(["a", "b"], constraints=[["x"]])
+    with pytest.raises(DataError, match=r"constraints\[0\]\[0\]: an empty phrase"):
+        translator.translate(["a"], constraints=[["  "]])
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("", LexicalConstraints()),
+    ("null", LexicalConstraints()),
+    ('["Hund", "roten  Ball", "Hund"]', LexicalConstraints(("Hund", "roten Ball"))),
+    ('{"include": ["a"], "exclude": ["b", "c"]}', LexicalConstraints(("a",), ("b", "c"))),
+    ('{"exclude": ["b"]}', LexicalConstraints((), ("b",))),
+])
+def test_constraints_lines(line: str, expected: LexicalConstraints) -> None:
+    assert parse_constraints_line(line, "f:1") == expected
+
+
+@pytest.mark.parametrize("line,message", [
+    ("[Hund]", "f:3: not JSON"),
+    ('"Hund"', "f:3: constraints: expected a list of phrases or an object"),
+    ('[1]', r"f:3: constraints\[0\]: expected a string, got int"),
+    ('{"include": ["a"], "excluded": []}', "f:3: constraints: unknown key 'excluded'"),
+    ('{"include": "a"}', "f:3: constraints.include: expected a list of phrases"),
+])
+def test_bad_constraints_lines(line: str, message: str) -> None:
+    with pytest.raises(DataError, match=message):
+        parse_constraints_line(line, "f:3")
+
+
+def test_term_dictionary(tmp_path: Path) -> None:
+    path = tmp_path / "terms.tsv"
+    path.write_text("# source\ttarget\nred ball\troten Ball\ndog\tHund\nball\tBall\n\n", encoding="utf-8")
+    terms = TermDictionary.load(path)
+    assert terms.constraints("A Dog chases the red  ball.") == LexicalConstraints(("Hund", "roten Ball"))
+    assert terms.constraints("hotdogs and balls") == LexicalConstraints()
+    for text, message in [("dog\n", "terms.tsv:1: expected 'source<TAB>target' .* got 1 field$"),
+                          ("dog\tHund\tx\n", "terms.tsv:1: .* got 3 fields"),
+                          ("dog\tHund\nDog\tKöter\n", "terms.tsv:2: 'Dog' is also given on line 1")]:
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DataError, match=message):
+            TermDictionary.load(path)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_constraints_and_terms(tiny_checkpoint: Path, tmp_path: Path, run_cli) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("a man is riding a bike\n\na dog on the street\n", encoding="utf-8")
+    cons = tmp_path / "cons.jsonl"
+    cons.write_text('["fahrrad"]\n\n{"include": ["hund"], "exclude": ["straße"]}\n', encoding="utf-8")
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("street\tpark\n", encoding="utf-8")
+    base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(src), "-q", "--beam", "3"]
+    code, out, err = run_cli(base + ["--constraints", str(cons), "--terms", str(terms)])
+    assert code == 0, err
+    lines = out.decode().split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == ""
+    assert "fahrrad" in lines[0]
+    assert "hund" in lines[2] and "park" in lines[2] and "straße" not in lines[2]
+
+
+def test_cli_bad_constraint_rows(tiny_checkpoint: Path, tmp_path: Path, run_cli, caplog) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("a man\na dog\n", encoding="utf-8")
+    base = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(src), "-q"]
+    cases = [('["x"]\n[oops\n', "cons.jsonl:2: not JSON"),
+             ('["x"]\n', "cons.jsonl: 1 lines, but .*in.txt has 2"),
+             ('[]\n["' + " ".join(["fahrrad"] * 30) + '"]\n', r"in.txt:2: the constraints need \d+ target pieces")]
+    for text, message in cases:
+        cons = tmp_path / "cons.jsonl"
+        cons.write_text(text, encoding="utf-8")
+        code, out, err = run_cli(base + ["--constraints", str(cons)])
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert re.search(message, err), err
+    code, out, err = run_cli(base + ["--constraints", str(cons), "--constraints-best-effort"])
+    assert code == 0 and "sentence 2: the constraints need" in caplog.text and len(out.decode().split("\n")) == 3
+    terms = tmp_path / "terms.tsv"
+    terms.write_text("man\n", encoding="utf-8")
+    code, out, err = run_cli(base + ["--terms", str(terms)])
+    assert code == 2 and "terms.tsv:1: expected 'source<TAB>target'" in err
