@@ -36,7 +36,7 @@ DATASET=wmt14_${SRC}_${TGT}
 AVERAGE=${AVERAGE:-$([ "$MODEL" = big ] && echo 20 || echo 5)}
 [[ "$AVERAGE" =~ ^[1-9][0-9]*$ ]] || fail "AVERAGE=$AVERAGE: give a whole number of checkpoints, 1 or more"
 [ -z "${MAX_STEPS:-}" ] || [[ "$MAX_STEPS" =~ ^[1-9][0-9]*$ ]] || fail "MAX_STEPS=$MAX_STEPS: give a whole number of updates, 1 or more"
-PREPARED=${PREPARED:-data-bin/${DATASET}}
+PREPARED=${PREPARED:-data-bin/wmt14.${SRC}-${TGT}}
 RUN=${RUN:-runs/wmt14.${SRC}-${TGT}.${MODEL}}
 DATA_DIR=${DATA_DIR:-${AIAYN_DATA_MIRROR:-}}
 CACHE=${AIAYN_CACHE_DIR:-$HOME/.cache/aiayn/datasets}
