@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow lint bench multi30k clean install docs mutation
+.PHONY: demo test test-slow lint bench multi30k wmt14 clean install docs mutation
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
@@ -83,6 +83,11 @@ docs: $(VENV)/.installed-docs
 
 multi30k: $(VENV)/.installed
 	bash scripts/multi30k.sh
+
+# The paper's WMT14 run: `make wmt14` (EN-DE base), `make wmt14 MODEL=big`,
+# `make wmt14 MODEL=big PAIR=en-fr`; the variables of scripts/wmt14.sh pass through.
+wmt14: $(VENV)/.installed
+	bash scripts/wmt14.sh
 
 clean:
 	rm -rf $(VENV) build dist site mutants mutants.log src/*.egg-info .pytest_cache

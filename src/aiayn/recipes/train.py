@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aiayn.checkpoint.directory import resolve_checkpoint, verify_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint_config, resolve_checkpoint, verify_checkpoint
 from aiayn.checkpoint.layout import CHECKPOINTS_DIR, MODEL_FILE
 from aiayn.checkpoint.manager import CheckpointManager
 from aiayn.checkpoint.weights import load_model_weights
@@ -28,13 +28,13 @@ from aiayn.config import Config, DecodeConfig, save_config
 from aiayn.data.batching import BatchIterator
 from aiayn.data.prepare import ensure_prepared, load_split, load_tokenizer, split_text
 from aiayn.data.sampling import training_pairs
-from aiayn.errors import AiaynError, ConfigError
+from aiayn.errors import AiaynError, CheckpointError, ConfigError
 from aiayn.evaluation.bleu import corpus_bleu
 from aiayn.fileio import check_empty_dir
 from aiayn.inference.translator import Translator
 from aiayn.model import Transformer, build_model
 from aiayn.runtime import set_threads
-from aiayn.training.distributed import DistInfo, barrier, cleanup, init_distributed
+from aiayn.training.distributed import DistInfo, all_gather_json, barrier, cleanup, init_distributed
 from aiayn.training.loggers import check_available
 from aiayn.training.optim import build_optimizer
 from aiayn.training.trainer import Trainer
@@ -157,18 +157,65 @@ def _setup_file_logging(run_dir: Path) -> logging.Handler:
     return handler
 
 
-def _resume_point(run_dir: Path, resume: str | Path | None, keep_last: int, info: DistInfo) -> Path | None:
+def _resume_point(run_dir: Path, resume: str | Path | None, keep_last: int, info: DistInfo,
+                  device: torch.device) -> Path | None:
     """The checkpoint to continue from: ``resume``, else the run directory's last one (a
-    run started again with the same command continues); incomplete saves are cleaned."""
+    run started again with the same command continues); incomplete saves are cleaned.
+    Under torchrun rank 0's choice holds for every rank, and each must find it on its node."""
     manager = CheckpointManager(run_dir, keep_last)
     if info.is_main:
         manager.clean_incomplete()
-    if resume is not None:
-        return resolve_checkpoint(resume)
-    last = manager.last()
-    if last is not None and info.is_main:
-        log.info("%s has a checkpoint: resuming from %s", run_dir, last)
-    return last
+    point: Path | None = None
+    error: str | None = None
+    try:
+        point = resolve_checkpoint(resume) if resume is not None else manager.last()
+    except CheckpointError as exc:
+        if not info.enabled:
+            raise
+        error = str(exc)
+    if info.enabled:
+        point = _agreed_resume_point(point, error, run_dir, info, device)
+    if point is not None and resume is None and info.is_main:
+        log.info("%s has a checkpoint: resuming from %s", run_dir, point)
+    return point
+
+
+def _agreed_resume_point(point: Path | None, error: str | None, run_dir: Path, info: DistInfo,
+                         device: torch.device) -> Path | None:
+    """Rank 0's resume point, on every rank; the same error on every rank (rather than one
+    rank failing while the others wait) when rank 0 has none to give or a rank lacks it."""
+    views = all_gather_json([None if point is None else point.name, error], info, device)
+    chosen, chosen_error = views[0]
+    if chosen_error is not None:
+        raise CheckpointError(chosen_error)
+    if chosen is None:
+        return None  # rank 0 starts afresh: so does every rank
+    lacking = [f"rank {r} has {name or 'none'}" for r, (name, _) in enumerate(views) if name != chosen]
+    if lacking:
+        raise CheckpointError(
+            f"{run_dir}: rank 0 resumes from checkpoint {chosen}, but {', '.join(lacking)}: every node "
+            "needs the run directory (a shared filesystem, or rank 0's run directory copied to each node)")
+    return point
+
+
+def _note_world_change(cfg: Config, resume_from: Path, saved_world: int, world: int) -> None:
+    """One line when a run resumes with another number of processes: it continues, and the
+    line says what that changes."""
+    if saved_world == world:
+        return
+    saved_freq = load_checkpoint_config(resume_from).train.update_freq
+    freq = cfg.train.update_freq
+    shards, saved_shards = world * freq, saved_world * saved_freq
+    if shards == saved_shards:
+        batch = f"each update still sums {shards} batch(es) of train.max_tokens"
+    elif (saved_shards % world) == 0:
+        batch = (f"each update sums {shards} batch(es) of train.max_tokens instead of {saved_shards} "
+                 f"(train.update_freq={saved_shards // world} keeps them)")
+    else:
+        batch = f"each update sums {shards} batch(es) of train.max_tokens instead of {saved_shards}"
+    log.warning("%s was written by %d process(es), this run has %d: training continues from its step; %s; "
+                "the data position is carried over by batches seen and random streams (dropout) differ "
+                "from an uninterrupted run", resume_from, saved_world, world, batch)
 
 
 def _build_model(cfg: Config, resume_from: Path | None, info: DistInfo) -> Transformer:
@@ -202,6 +249,8 @@ def build_trainer(cfg: Config, run_dir: Path, info: DistInfo, device: torch.devi
     if resume_from is not None:
         trainer.load(resume_from)
         trainer.metrics.truncate_after(trainer.state.step)
+        if info.is_main:
+            _note_world_change(cfg, resume_from, trainer.state.world_size, info.world_size)
     if info.is_main:
         save_config(cfg, run_dir / "config.yaml")
     return trainer
@@ -241,7 +290,7 @@ def run_training(cfg: Config, run_dir: str | Path, resume: str | Path | None = N
         else:
             logging.getLogger("aiayn").setLevel(logging.WARNING)
         barrier(info)
-        resume_from = _resume_point(run_dir, resume, cfg.train.keep_last, info)
+        resume_from = _resume_point(run_dir, resume, cfg.train.keep_last, info, device)
         trainer = build_trainer(cfg, run_dir, info, device, resume_from)
         created = False  # training starts: from here on the directory is the run's record
         summary = trainer.train()

@@ -44,12 +44,9 @@ def restore(path: str | Path, *, model: nn.Module, model_cfg: ModelConfig, optim
 
 def _rng_of_this_rank(state: TrainerState, dist: DistInfo, path: Path) -> dict[str, Any]:
     rng = state.rng
-    if dist.enabled:
-        if state.rng_per_rank and len(state.rng_per_rank) == dist.world_size:
-            rng = state.rng_per_rank[dist.rank]
-        else:
-            log.warning("checkpoint was written by %s process(es), this run has %d: random streams "
-                        "(dropout) will differ from an uninterrupted run", state.world_size, dist.world_size)
+    # Another number of processes: rank 0's streams (the recipe says so in one line).
+    if dist.enabled and state.rng_per_rank and len(state.rng_per_rank) == dist.world_size:
+        rng = state.rng_per_rank[dist.rank]
     if rng is None:
         raise CheckpointError(f"{path / STATE_FILE}: no RNG state; not a training checkpoint")
     return rng
