@@ -34,10 +34,11 @@ import ast
 import hashlib
 import re
 import sys
-import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 KILLED = {"killed", "timeout"}
