@@ -46,6 +46,7 @@ test-slow: $(VENV)/.installed-dev
 MUTMUT := mutmut==3.8.1
 mutation: $(VENV)/.installed-dev
 	$(BIN)/pip install -q $(MUTMUT)
+	$(BIN)/python scripts/mutation_score.py --check-list  # a stale list fails before hours of mutants
 	rm -rf mutants
 	AIAYN_TEST_THREADS=1 AIAYN_DATA_MIRROR=$(abspath ../shared/data) $(BIN)/mutmut run --max-children 2 \
 		> mutants.log 2>&1 || { tail -c 3000 mutants.log; exit 1; }

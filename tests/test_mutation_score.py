@@ -243,3 +243,19 @@ def test_the_repository_list_matches_the_source() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--check-list"], capture_output=True,
                           text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_show_stale_prints_what_a_changed_entry_names_now(tree: Path, monkeypatch, capsys) -> None:
+    listing = _listing(tree, "pkg.example.schedule.x_constant_lr__mutmut_1  src=0123456789ab  # the default is unused")
+    seen = []
+
+    def diffs(src: Path, names: set[str]) -> dict[str, list[str]]:  # mutmut's generator, scripted
+        seen.append((src, names))
+        return {"pkg.example.schedule.x_constant_lr__mutmut_1": ["-return peak_lr", "+return None"]}
+
+    monkeypatch.setattr(score_mod, "mutant_diffs", diffs)
+    assert score_mod.main(["--list", str(listing), "--src", str(tree / "src"), "--show-stale"]) == 0
+    assert seen == [(tree / "src", {"pkg.example.schedule.x_constant_lr__mutmut_1"})]
+    assert capsys.readouterr().out.splitlines() == [
+        "line 3: pkg.example.schedule.x_constant_lr__mutmut_1", "  listed: the default is unused",
+        "  -return peak_lr", "  +return None"]
