@@ -102,7 +102,8 @@ def _flipped(data: bytes, flips: list[tuple[int, int]], span: int) -> bytes:
 def check_weights(checkpoint: Path, original: dict[str, torch.Tensor], tmp: Path, how: str, header: dict,
                   body: bytes, flips: list[tuple[int, int]], length: int) -> None:
     """One damaged copy of the checkpoint: refused naming model.safetensors, or the original
-    weights."""
+    weights. ``flips`` are (position, byte) over the whole file; "header-flips" takes the
+    positions modulo the header's length."""
     data = (checkpoint / MODEL_FILE).read_bytes()
     header_end = 8 + struct.unpack("<Q", data[:8])[0]
     target = tmp / "ck"
@@ -129,11 +130,15 @@ def check_weights(checkpoint: Path, original: dict[str, torch.Tensor], tmp: Path
 def weights_test(fuzz, checkpoint: Path, tmp_path_factory):
     original = load_checkpoint(checkpoint).model.state_dict()
     tmp = tmp_path_factory.mktemp("weights")
+    data = (checkpoint / MODEL_FILE).read_bytes()
+    header_end = 8 + struct.unpack("<Q", data[:8])[0]
+    # Positions anywhere, and positions in the tensor data (most of the file, and where a
+    # damaged byte loads without a parse error: only the checksum can refuse it).
+    position = st.one_of(st.integers(0, len(data) - 1), st.integers(header_end, len(data) - 1))
+    flips = st.lists(st.tuples(position, st.integers(0, 255)), min_size=1, max_size=8)
     return fuzz(lambda *a: check_weights(checkpoint, original, tmp, *a),
                 st.sampled_from(["header", "length", "flips", "header-flips"]),
-                headers, st.binary(max_size=64), st.lists(st.tuples(st.integers(0, 2**24), st.integers(0, 255)),
-                                                          min_size=1, max_size=8),
-                st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 5000)))
+                headers, st.binary(max_size=64), flips, st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 5000)))
 
 
 def test_weights(weights_test) -> None:
@@ -220,7 +225,7 @@ def manifest_tests(fuzz, checkpoint: Path, tmp_path_factory):
 
 
 def test_a_manifest_name_too_long_for_the_filesystem(checkpoint: Path, tmp_path: Path) -> None:
-    # Found by the long campaign: Path.is_file() raised OSError (ENAMETOOLONG).
+    # A name longer than the filesystem allows: Path.is_file() raises OSError (ENAMETOOLONG).
     target = shutil.copytree(checkpoint, tmp_path / "ck")
     manifest = target / MANIFEST_FILE
     manifest.write_text(manifest.read_text(encoding="utf-8") + "0" * 64 + "  " + "x" * 300 + "\n", encoding="utf-8")
