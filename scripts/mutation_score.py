@@ -20,8 +20,9 @@ Modes:
   --check-list     names and hashes only (no mutants run): exit 1 when an entry names a module
                    not mutated, a function that does not exist, or a function whose source
                    changed since its review.
-  --relocate       rewrite the module path of entries whose function, with the same source,
-                   now lives in another module; then check.
+  --relocate       rewrite the module path of entries whose function now lives in another
+                   module (the one with the same source, else the one function of that name
+                   when it left its module); then check.
   --add-hashes     write ``src=HASH`` to entries that have none (``device-only`` too where the
                    reason says only a CUDA run could tell); for a list converted by hand or
                    merged from a branch without hashes. Review the entries first: this trusts them.
@@ -227,21 +228,27 @@ def check_list(entries: list[Entry], index: SourceIndex,
 
 
 def relocate(entries: list[Entry], index: SourceIndex) -> list[str]:
-    """Move entries whose function is not (or no longer the same) in its module to the one
-    module that now has a function of that name with the listed source. Returns the moves."""
+    """Move entries whose function is not (or no longer the same) in its module: to the one
+    module that now has a function of that name with the listed source; failing that, when
+    the function is gone from its module, to the one module that has a function of that name
+    (the check then says whether its source changed). Returns the moves."""
     by_source: dict[tuple[str, str], list[str]] = {}
+    by_name: dict[str, list[str]] = {}
     for module in index.all_modules():
         for qualname, digest in (index.functions(module) or {}).items():
             by_source.setdefault((qualname, digest), []).append(module)
+            by_name.setdefault(qualname, []).append(module)
     moves = []
     for e in entries:
-        if e.digest is None or "__mutmut_" not in e.name:
+        if "__mutmut_" not in e.name:
             continue
-        functions = index.functions(e.module)
-        if functions is not None and functions.get(e.qualname) == e.digest:
+        functions = index.functions(e.module) or {}
+        if e.qualname in functions and functions[e.qualname] == e.digest:
             continue
-        homes = by_source.get((e.qualname, e.digest), [])
-        if len(homes) == 1:
+        homes = by_source.get((e.qualname, e.digest), []) if e.digest else []
+        if not homes and e.qualname not in functions:
+            homes = by_name.get(e.qualname, [])
+        if len(homes) == 1 and homes[0] != e.module:
             new = homes[0] + e.name[len(e.module):]
             moves.append(f"line {e.line}: {e.name} -> {new}")
             e.name = new

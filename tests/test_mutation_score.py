@@ -224,6 +224,18 @@ def test_relocate_follows_a_function_moved_to_another_module(tree: Path) -> None
         _good_entry().replace(".schedule.", ".rates."), "# a comment stays"]
 
 
+def test_relocate_follows_a_moved_and_edited_function_and_the_check_flags_it(tree: Path) -> None:
+    listing = _listing(tree, _good_entry())
+    pkg = tree / "src" / "pkg" / "example"
+    (pkg / "rates.py").write_text("def constant_lr(step, peak_lr, warmup=0):\n    return peak_lr * 2\n")
+    (pkg / "schedule.py").write_text(SCHEDULE.split("def constant_lr")[0])
+    (tree / "pyproject.toml").write_text(
+        '[tool.mutmut]\nonly_mutate = ["src/pkg/example/rates.py", "src/pkg/example/io.py"]\n')
+    done = _run(tree, listing, "--relocate")
+    assert "-> pkg.example.rates.x_constant_lr__mutmut_1" in done.stdout
+    assert done.returncode == 1 and "constant_lr changed since the review" in done.stderr
+
+
 def test_add_hashes_fills_entries_without_one(tree: Path) -> None:
     listing = _listing(tree, "pkg.example.schedule.x_constant_lr__mutmut_1  # the default is unused",
                        "pkg.example.io.x_save_optimizer__mutmut_9  # equivalent on the CPU "
