@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow lint bench multi30k wmt14 clean install docs mutation
+.PHONY: demo test test-slow lint bench bench-gpu multi30k wmt14 clean install docs mutation mutation-check
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
@@ -54,10 +54,16 @@ MIRROR := $(if $(AIAYN_DATA_MIRROR),$(abspath $(AIAYN_DATA_MIRROR)))
 mutation: $(VENV)/.installed-dev
 	$(if $(MIRROR),,@echo "make mutation: AIAYN_DATA_MIRROR is not set: the tests that read the data mirror skip" >&2)
 	$(BIN)/pip install -q $(MUTMUT)
+	$(BIN)/python scripts/mutation_score.py --check-list  # a stale list fails before hours of mutants
 	rm -rf mutants
 	AIAYN_TEST_THREADS=1 $(if $(MIRROR),AIAYN_DATA_MIRROR=$(MIRROR)) $(BIN)/mutmut run --max-children 2 \
 		> mutants.log 2>&1 || { tail -c 3000 mutants.log; exit 1; }
 	$(BIN)/mutmut results --all true | $(BIN)/python scripts/mutation_score.py --target 85
+
+# The reviewed-mutant list against the source, no mutant run (seconds): every entry names a
+# mutated module, an existing function and that function's source as it was reviewed.
+mutation-check: $(VENV)/.installed-dev
+	$(BIN)/python scripts/mutation_score.py --check-list
 
 # ruff, mypy, and no development history in the product (scripts/check_history_words.py).
 lint: $(VENV)/.installed-dev

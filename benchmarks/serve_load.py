@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -141,6 +141,11 @@ def start_server(checkpoint: str | Path, *args: str, timeout: float = 120.0) -> 
 # --------------------------------------------------------------------- load
 
 
+# What dynamic batching must achieve against one request at a time under the default load.
+BATCHING_MIN_SPEEDUP = 1.2
+BATCHING_MIN_SENTENCES = 1.5
+
+
 @dataclass
 class LoadResult:
     label: str
@@ -169,7 +174,8 @@ def _scrape(metrics_text: str, name: str) -> float:
 
 
 async def _load(url: str, sentences: Sequence[str], requests: int, clients: int, texts_per_request: int,
-                body_extra: dict, seed: int) -> tuple[list[float], dict[str, int], float]:
+                body_extra: dict, seed: int,
+                expected: Mapping[str, str] | None) -> tuple[list[float], dict[str, int], float]:
     rng = random.Random(seed)
     bodies = [{"texts": [rng.choice(sentences) for _ in range(texts_per_request)], **body_extra}
               for _ in range(requests)]
@@ -190,6 +196,9 @@ async def _load(url: str, sentences: Sequence[str], requests: int, clients: int,
                     code = str(r.status_code)
                     if r.status_code == 200 and len(r.json()["translations"]) != len(body["texts"]):
                         code = "bad_payload"
+                    elif r.status_code == 200 and expected is not None and \
+                            r.json()["translations"] != [expected[t] for t in body["texts"]]:
+                        code = "wrong_translation"
                 except httpx.HTTPError as exc:
                     code = type(exc).__name__
                 latencies.append(time.perf_counter() - start)
@@ -203,11 +212,13 @@ async def _load(url: str, sentences: Sequence[str], requests: int, clients: int,
 
 def run_load(url: str, sentences: Sequence[str], *, requests: int = 1000, clients: int = 16,
              texts_per_request: int = 1, body_extra: dict | None = None, label: str = "",
-             seed: int = 0) -> LoadResult:
-    """``clients`` closed-loop clients (each sends its next request when the last returns)."""
+             seed: int = 0, expected: Mapping[str, str] | None = None) -> LoadResult:
+    """``clients`` closed-loop clients (each sends its next request when the last returns).
+    With ``expected`` (source -> translation), an answer that differs counts as a failure
+    (status ``wrong_translation``)."""
     before = httpx.get(f"{url}/metrics", timeout=30).text
     latencies, codes, seconds = asyncio.run(
-        _load(url, sentences, requests, clients, texts_per_request, body_extra or {}, seed))
+        _load(url, sentences, requests, clients, texts_per_request, body_extra or {}, seed, expected))
     after = httpx.get(f"{url}/metrics", timeout=30).text
     batches = _scrape(after, "aiayn_batches_total") - _scrape(before, "aiayn_batches_total")
     sents = _scrape(after, "aiayn_sentences_total") - _scrape(before, "aiayn_sentences_total")
@@ -295,7 +306,21 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps({"machine": machine(), "results": [asdict(r) for r in results]},
                                                   indent=1), encoding="utf-8")
-    return 1 if any(r.failures for r in results) else 0
+    if any(r.failures for r in results):
+        return 1
+    if not args.url:
+        # Batching must pay off under load: batches of more than one sentence on average, and
+        # more requests per second than one at a time (a measured claim, so it lives here and
+        # not in the test suite, whose machines are shared).
+        batched, single = results
+        speedup = batched.throughput_rps / single.throughput_rps
+        print(f"batching: {speedup:.2f}x the throughput of one at a time, "
+              f"{batched.mean_batch_sentences} sentences per batch")
+        if speedup <= BATCHING_MIN_SPEEDUP or (batched.mean_batch_sentences or 0) <= BATCHING_MIN_SENTENCES:
+            print(f"batching did not pay off (expected > {BATCHING_MIN_SPEEDUP}x and > "
+                  f"{BATCHING_MIN_SENTENCES} sentences per batch)", file=sys.stderr)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

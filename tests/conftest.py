@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import numpy as np
@@ -73,9 +74,28 @@ def mirror() -> Path:
     return MIRROR
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Deterministic weights in every test unless it seeds on its own.
-    torch.manual_seed(0)
+# Every test starts from the same random state, whichever tests ran before it (or in which
+# subset, as mutmut selects): torch, numpy's global generator and Python's random, seeded 0.
+SEED = 0
+
+
+def seed_everything(seed: int = SEED) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any fixture of the test is set up: a module- or session-scoped fixture created
+    # for this test (a trained checkpoint) starts from the seed too.
+    seed_everything()
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """The test itself starts from the seed, after its broader-scoped fixtures drew numbers."""
+    seed_everything()
 
 
 def tiny_cfg(vocab: int = 16, **train: object) -> Config:

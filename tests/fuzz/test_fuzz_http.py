@@ -1,12 +1,15 @@
 """Fuzzing the HTTP request path of `aiayn serve` through the ASGI app (a real tiny
 translator): arbitrary bodies, JSON values, field values and content types. Never a 500,
-every error is JSON ``{error, message}``, and nothing is logged as an error."""
+every error is JSON ``{error, message}``, nothing is logged as an error, and an answered
+request gets one translation per text (with the checkpoint's decoding options, the ones the
+Python API gives)."""
 
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -31,7 +34,7 @@ class _Errors(logging.Handler):
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, _Errors]]:
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, _Errors, Any]]:
     from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config, DecodeConfig, model_preset
     from aiayn.inference.translator import Translator
@@ -48,19 +51,20 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClien
                  decode=DecodeConfig(beam=2, max_len_a=0.0, max_len_b=3))
     torch.manual_seed(0)
     ck = save_checkpoint(root / "ck", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
-    app = create_app(Translator.from_checkpoint(ck), ServeSettings(max_texts=4, max_chars=200,
+    translator = Translator.from_checkpoint(ck)
+    app = create_app(translator, ServeSettings(max_texts=4, max_chars=200,
                                                                    max_body_bytes=4096, max_attention_values=5000))
     errors = _Errors()
     logging.getLogger("aiayn").addHandler(errors)
     try:
         with TestClient(app, raise_server_exceptions=False) as c:
-            yield c, errors
+            yield c, errors, translator
     finally:
         logging.getLogger("aiayn").removeHandler(errors)
 
 
-def check_request(client: tuple[TestClient, _Errors], body: bytes, content_type: str | None) -> None:
-    c, errors = client
+def check_request(client: tuple[TestClient, _Errors, Any], body: bytes, content_type: str | None) -> None:
+    c, errors, translator = client
     headers = {"content-type": content_type} if content_type is not None else {}
     r = c.post("/v1/translate", content=body, headers=headers)
     assert r.status_code < 500, (r.status_code, r.text, body)
@@ -68,7 +72,13 @@ def check_request(client: tuple[TestClient, _Errors], body: bytes, content_type:
         payload = r.json()
         assert set(payload) >= {"error", "message"} and payload["message"], payload
     else:
-        assert len(r.json()["translations"]) == len(json.loads(body)["texts"])
+        request, answer = json.loads(body), r.json()
+        texts = request["texts"]
+        assert len(answer["translations"]) == len(answer["scores"]) == len(texts)
+        if "nbest" in answer:  # present when nbest > 1
+            assert [hyps[0]["text"] for hyps in answer["nbest"]] == answer["translations"]
+        if set(request) <= {"texts", "nbest", "attention"}:  # the checkpoint's decoding options
+            assert answer["translations"] == translator.translate(texts)
     assert not errors.records, [rec.getMessage() for rec in errors.records]
 
 
@@ -78,9 +88,10 @@ json_values = st.recursive(
     lambda kids: st.one_of(st.lists(kids, max_size=4), st.dictionaries(st.text(max_size=8), kids, max_size=4)),
     max_leaves=10)
 field_values = st.one_of(json_values, st.integers(-3, 70), st.sampled_from([0.0, 1e308, -1e-308, "4", "greedy"]))
+texts = st.lists(st.text(max_size=60), min_size=0, max_size=5)
 requests = st.one_of(
-    st.fixed_dictionaries({"texts": st.lists(st.text(max_size=60), min_size=0, max_size=5)},
-                          optional={f: field_values for f in FIELDS[1:]}),
+    st.fixed_dictionaries({"texts": texts}),
+    st.fixed_dictionaries({"texts": texts}, optional={f: field_values for f in FIELDS[1:]}),
     st.dictionaries(st.sampled_from(FIELDS), field_values, max_size=5),
     json_values)
 
@@ -108,5 +119,6 @@ def test_translate_endpoint(http_test) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_translate_endpoint_long(http_test) -> None:
     http_test[1]()

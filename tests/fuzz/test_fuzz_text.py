@@ -44,6 +44,7 @@ def test_line_reader(reader_test) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_line_reader_long(reader_test) -> None:
     reader_test[1]()
 
@@ -91,6 +92,7 @@ def test_tree_reader(tree_tests) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_tree_reader_long(tree_tests) -> None:
     tree_tests[0][1]()
     tree_tests[1][1]()
@@ -100,26 +102,66 @@ def test_deep_nesting_is_no_recursion_error() -> None:
     depth = sys.getrecursionlimit() * 3
     tree = parse_tree("(S " * depth + "(NN x)" + ")" * depth)
     assert tree_to_string(tree).count("(S") == depth
-    cleaned = clean_tree(tree)  # was recursive: RecursionError from ~900 levels
+    cleaned = clean_tree(tree)  # iterative: a recursive walk would fail from ~900 levels
     assert cleaned is not None and [p.word for p in cleaned.preterminals()] == ["x"]
 
 
 SYMBOLS = st.sampled_from(["(S", ")S", "(NP", ")NP", "(VP", ")VP", PLACEHOLDER, "<unk>", ")", "("])
 
 
+def _closers_labeled(tokens: list[str]) -> list[str]:
+    """``tokens`` with each bare ``)`` written as its opener's ``)LABEL``."""
+    out, open_labels = [], []
+    for tok in tokens:
+        if tok.startswith("(") and len(tok) > 1:
+            open_labels.append(tok[1:])
+        elif tok.startswith(")"):
+            tok = ")" + open_labels.pop()
+        out.append(tok)
+    return out
+
+
 def check_rebuild(tokens: list[str], words: list[str]) -> None:
     tree = rebuild(tokens, words)
-    assert isinstance(is_well_formed(tokens, len(words)), bool)
+    if is_well_formed(tokens, len(words)):
+        # Nothing to repair: the tree is exactly the one predicted.
+        assert linearize(tree) == _closers_labeled(tokens)
     # Whatever the model said, the rebuilt tree covers exactly the input words, in order.
     text = tree_to_string(tree)
     leaves = [tok.rstrip(")") for tok in text.split() if not tok.startswith("(")]
     assert leaves == words
 
 
+def _tokens_of(node: str | tuple) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    label, children, bare_closer = node
+    return ["(" + label, *(tok for child in children for tok in _tokens_of(child)),
+            ")" if bare_closer else ")" + label]
+
+
+LABELS = st.sampled_from(["S", "NP", "VP"])
+# Predictions that need no repair: a bracketed tree over placeholders, closers bare or labeled.
+WELL_FORMED = st.tuples(LABELS, st.lists(st.recursive(
+    st.just(PLACEHOLDER), lambda kids: st.tuples(LABELS, st.lists(kids, min_size=1, max_size=3), st.booleans()),
+    max_leaves=12), min_size=1, max_size=3), st.booleans()).map(_tokens_of)
+
+
 @pytest.fixture
 def rebuild_test(fuzz):
     word = st.sampled_from(["a", "dog", "-LRB-", "x1", "runs"])
-    return fuzz(check_rebuild, st.lists(SYMBOLS, max_size=40), st.lists(word, min_size=1, max_size=12))
+    well_formed = WELL_FORMED.map(lambda toks: (toks, ["w"] * toks.count(PLACEHOLDER)))
+    return fuzz(lambda pair: check_rebuild(*pair),
+                st.one_of(st.tuples(st.lists(SYMBOLS, max_size=40), st.lists(word, min_size=1, max_size=12)),
+                          well_formed))
+
+
+def test_well_formed_predictions_are_rebuilt_as_predicted(fuzz) -> None:
+    def check(tokens: list[str]) -> None:
+        assert is_well_formed(tokens, tokens.count(PLACEHOLDER))
+        check_rebuild(tokens, ["w"] * tokens.count(PLACEHOLDER))
+
+    fuzz(check, WELL_FORMED)[0]()
 
 
 def test_rebuild_covers_the_words(rebuild_test) -> None:
@@ -127,6 +169,7 @@ def test_rebuild_covers_the_words(rebuild_test) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_rebuild_covers_the_words_long(rebuild_test) -> None:
     rebuild_test[1]()
 
@@ -158,5 +201,6 @@ def test_config_overrides(override_test) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_config_overrides_long(override_test) -> None:
     override_test[1]()

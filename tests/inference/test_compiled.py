@@ -21,6 +21,10 @@ from aiayn.model import KVCache, build_model
 VOCAB = 40
 
 
+# torch.compile builds C++ kernels with g++: minutes on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(600)
+
+
 @pytest.fixture(scope="module")
 def decoders() -> tuple[IncrementalDecoder, CompiledDecoder]:
     torch.manual_seed(0)

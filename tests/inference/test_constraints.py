@@ -171,12 +171,23 @@ def test_word_ids_must_match_the_word_counts() -> None:
         TreeConstraint(VOCAB, [2], word_ids=[[9]])
 
 
-def test_without_a_constraint_nothing_changes() -> None:
+def test_a_best_output_that_is_already_a_tree_is_kept_with_its_score() -> None:
+    # Random scores around a preferred well-formed tree "(S XX )S" for one word: the
+    # constraint removes only illegal continuations and leaves legal scores as they are.
     gen = torch.Generator().manual_seed(3)
-    model = TableModel(torch.randn(10, len(PIECES), generator=gen).log_softmax(-1))
-    a = beam_search(model, _src(2, 3), _cfg())
-    b = beam_search(model, _src(2, 3), _cfg(), constraint=None)
-    assert [[h.tokens for h in s] for s in a] == [[h.tokens for h in s] for s in b]
+    table = torch.randn(8, len(PIECES), generator=gen) - 4.0
+    for t, piece in enumerate(["(S", "XX", ")S"] + ["</s>"] * 5):
+        table[t, PIECES.index(piece)] = 0.0
+    model = TableModel(table.log_softmax(-1))
+    free = beam_search(model, _src(2, 3), _cfg())
+    tree = beam_search(model, _src(2, 3), _cfg(), constraint=TreeConstraint(VOCAB, [1, 1]))
+    assert [_pieces(s[0].tokens) for s in free] == [["(S", "XX", ")S"]] * 2
+    assert [(s[0].tokens, s[0].score) for s in tree] == [(s[0].tokens, s[0].score) for s in free]
+    # Below the best, the unconstrained n-best holds ill-formed outputs; the constrained, none.
+    free_nbest = beam_search(model, _src(1, 3), _cfg(nbest=4))[0]
+    tree_nbest = beam_search(model, _src(1, 3), _cfg(nbest=4), constraint=TreeConstraint(VOCAB, [1]))[0]
+    assert [is_well_formed(_pieces(h.tokens), 1) for h in free_nbest] == [True, False, False, False]
+    assert all(is_well_formed(_pieces(h.tokens), 1) for h in tree_nbest)
 
 
 def test_the_length_bound_leaves_room_to_finish() -> None:
@@ -272,8 +283,10 @@ def test_slots_hold_each_sentences_words_and_a_spare_placeholder_column() -> Non
     assert torch.equal(TreeConstraint(VOCAB, [2, 1]).slots, torch.tensor([[4, 4, 4], [4, 4, 4]]))
     spelled = TreeConstraint(VOCAB, [2, 1], word_ids=[[9, 4], [9]])
     assert torch.equal(spelled.slots, torch.tensor([[9, 4, 4], [9, 4, 4]]))
+    assert torch.equal(spelled.n_words, torch.tensor([2, 1]))
     empty = TreeConstraint(VOCAB, [])
-    assert empty.n_words.dtype == torch.long and empty.slots.shape == (0, 1)
+    assert empty.n_words.dtype == empty.slots.dtype == torch.long
+    assert empty.n_words.tolist() == [] and empty.slots.tolist() == [] and empty.slots.shape == (0, 1)
 
 
 def _legal(n_words: int, prefix: list[str], max_len: int = 40, **kw) -> dict[str, float]:

@@ -167,6 +167,7 @@ def test_int8_translation(tiny_checkpoint, tricky_file, run_cli) -> None:
     assert code == 2 and out == b"" and "Traceback" not in err
 
 
+@pytest.mark.timeout(600)  # torch.compile builds C++ kernels with g++
 def test_compiled_translation_equals_the_eager_one(tiny_checkpoint, tricky_file, run_cli) -> None:
     args = ["translate", "--checkpoint", str(tiny_checkpoint), "--input", str(tricky_file),
             "--on-invalid-utf8", "replace", "--truncate"]

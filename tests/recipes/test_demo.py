@@ -60,6 +60,7 @@ def test_demo_flow_writes_checkpoint_heatmap_and_accuracy_line(tmp_path: Path) -
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_demo_as_shipped_reaches_95_percent(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "aiayn", "demo", "--out", str(tmp_path / "demo")],
                           capture_output=True, text=True, check=True)

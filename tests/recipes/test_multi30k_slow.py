@@ -1,14 +1,14 @@
 """The Multi30k recipe end to end, reduced to fit `make test-slow` (at most ~10 minutes on
-the project's 2-core CPU): prepare from the offline mirror, train the recipe's two models
+a 2-core CPU): prepare from the offline mirror, train the recipe's two models
 side by side (seeds 1 and 2) for a fixed number of updates, average the last checkpoints of
 each, translate test_2016_flickr with their ensemble and score it with sacreBLEU, all
 through `scripts/multi30k.sh`, the documented command.
 
-The floor comes from measured runs of this configuration (docs/benchmarks.md, "Multi30k end
-to end"): after 450 updates BLEU 9.1, after 750 updates 18.8; at 700 updates with the last
-3 checkpoints averaged a healthy pipeline scores well above 10. A regression in any stage
-(tokenizer, batching, model, loss, optimizer, averaging, search, detokenization, scoring)
-drops it below.
+The floor sits just under the measured figures of this configuration (700 updates, the
+last 3 checkpoints of each member averaged, the two-member ensemble): test BLEU 16.8 to 17.1
+over the measured runs (docs/benchmarks.md, "Multi30k end to end"). A regression in any
+stage (tokenizer, batching, model, loss, optimizer, averaging, search, detokenization,
+scoring) drops it below.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-BLEU_FLOOR = 10.0
+BLEU_FLOOR = 15.0  # measured: 16.8 to 17.1
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 450 s on 2 cores; up to twice that beside other work
 def test_multi30k_reduced_run_reaches_the_bleu_floor(run_recipe, tmp_path: Path) -> None:
     run_recipe("multi30k.sh", "multi30k", "train.max_time_minutes=0", "train.max_steps=700",
                "train.save_every=100", "train.keep_last=3", "train.valid_every=350")

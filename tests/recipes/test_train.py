@@ -55,19 +55,43 @@ def test_match_vocab(make_cfg):
         recipe.match_vocab(cfg, SimpleNamespace(src_vocab_size=20, tgt_vocab_size=24))
 
 
-def test_validation_bleu_decodes_the_live_model_with_a_new_translator(prepared, monkeypatch, tiny_config):
+def test_validation_bleu_decodes_the_live_model_with_a_new_translator(prepared, monkeypatch):
+    tok = load_tokenizer(prepared)
+    src, ref = split_text(prepared, "valid")
+    decode = DecodeConfig(beam=2, max_len_b=8)
+    built = []
+
+    class Scripted:
+        """A translator that says what its model is scripted to say when it is built."""
+
+        def __init__(self, model, *args, **kwargs) -> None:
+            built.append(((model, *args), kwargs))
+            self.says = list(model.says)
+
+        def translate(self, texts: list[str]) -> list[str]:
+            assert texts == src
+            return self.says
+
+    monkeypatch.setattr(recipe, "Translator", Scripted)
+    bleu = recipe.validation_bleu((src, ref), tok, decode, torch.device("cpu"))
+    model = torch.nn.Linear(1, 1)
+    model.says = ref  # translates perfectly
+    assert bleu(model) == float(corpus_bleu(ref, ref)) == pytest.approx(100.0)
+    model.says = [ref[0]] * len(ref)  # then, after an update, one sentence for every source
+    worse = corpus_bleu(model.says, ref)
+    assert 0.0 < worse < 99.0 and bleu(model) == float(worse)
+    # A new translator each time (its weights would go stale), built on the live model.
+    assert built == [((model, tok, decode), {"device": torch.device("cpu")})] * 2
+
+
+def test_validation_bleu_is_the_translators_bleu(prepared, tiny_config):
     tok = load_tokenizer(prepared)
     tiny_config.src_vocab_size = tiny_config.tgt_vocab_size = tok.src_vocab_size
-    model = build_model(tiny_config)
+    model = build_model(tiny_config).eval()
     text = split_text(prepared, "valid")
     decode = DecodeConfig(beam=2, max_len_b=8)
     bleu = recipe.validation_bleu(text, tok, decode, torch.device("cpu"))
-    expected = corpus_bleu(Translator(model, tok, decode).translate(text[0]), text[1])
-    built = []
-    monkeypatch.setattr(recipe, "Translator", lambda *a, **kw: built.append((a, kw)) or Translator(*a, **kw))
-    assert bleu(model) == expected and bleu(model) == expected
-    assert len(built) == 2  # one per validation: the weights change between them
-    assert built[0] == ((model, tok, decode), {"device": torch.device("cpu")})
+    assert bleu(model) == float(corpus_bleu(Translator(model, tok, decode).translate(text[0]), text[1]))
 
 
 def test_validation_bleu_without_text_is_skipped(caplog):

@@ -173,6 +173,7 @@ def image() -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # the image's build (its fixture) may take up to 30 minutes
 def test_the_image_serves_a_mounted_checkpoint(image: str, tiny_checkpoint: Path) -> None:
     httpx = pytest.importorskip("httpx")
     cid = docker("run", "-d", "-p", "127.0.0.1::8000", "--health-interval", "1s", "--health-start-period", "120s",
