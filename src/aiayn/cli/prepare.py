@@ -91,6 +91,13 @@ def config_from_args(args: argparse.Namespace) -> DataConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn import fileio
+
+    with fileio.output_lock(args.out, flag="--out "):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.task == "parsing":
         return _run_parsing(args)
     from aiayn.data.prepare import prepare_data
