@@ -1,5 +1,5 @@
-"""The fault matrix: every writing subcommand under a full disk, a read-only file system and
-a second writer (and hostile sizes, below).
+"""The fault matrix: every writing subcommand under a full disk, a read-only file system, a
+second writer and hostile sizes.
 
 Each row runs ``aiayn ARGS`` in-process with the fault injected and asserts: the exit code
 (1 for the machine's faults, 2 for a second writer), one error line with the distinctive part
@@ -7,7 +7,9 @@ of its message, no traceback, the previous output byte-identical, and no tempora
 beside it. A full disk is injected where the bytes are written (the safetensors writer,
 ``numpy.save``, ``os.fsync``) by raising what the kernel gives (ENOSPC); a read-only file
 system by raising EROFS where the first file or directory is created; a second writer is
-another process holding the output's lock. docs/bad-input.md lists the rows (keep them in step).
+another process holding the output's lock; a hostile size is in a flag, a config file
+(a YAML alias bomb) or an imported config.json, and must be refused (exit 2) in a line of
+bounded length before anything is allocated. docs/bad-input.md lists the rows (keep them in step).
 """
 
 from __future__ import annotations
@@ -78,10 +80,24 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     with pytest.raises(SystemExit) as exc:
         main(["train", "--config", str(w["cfg"]), "--run-dir", str(w["run"])])
     assert exc.value.code == 0
+    # A YAML alias bomb: 9 lists of 9 references each level, 9^7 strings once expanded.
+    bomb = ["  - &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    bomb += [f"  - &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 7)]
+    w["bomb"] = root / "bomb.yaml"
+    w["bomb"].write_text("train:\n  max_steps:\n" + "\n".join(bomb) + "\n", encoding="utf-8")
     if _has("transformers"):
+        import json
+
         from aiayn.interop.hf_export import export_hf
 
         w["marian"] = export_hf(w["ck"], root / "marian")
+        for field, value in (("encoder_layers", 10**9), ("max_position_embeddings", 3 * 10**7),
+                             ("vocab_size", 10**12), ("d_model", 2**20), ("decoder_layers", 200)):
+            hostile = shutil.copytree(w["marian"], root / f"marian_{field}")
+            config = json.loads((hostile / "config.json").read_text(encoding="utf-8"))
+            config[field] = value
+            (hostile / "config.json").write_text(json.dumps(config), encoding="utf-8")
+            w[f"marian_{field}"] = hostile
     return w
 
 
@@ -174,7 +190,7 @@ def inject_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
 class Case(NamedTuple):
     id: str
     args: str  # formatted with the world's paths and {out}, then split on spaces
-    fault: str  # disk-full-safetensors | disk-full-numpy | disk-full-chunk | read-only | second-writer
+    fault: str  # disk-full-safetensors | disk-full-numpy | disk-full-chunk | read-only | second-writer | hostile
     expect: str  # a regular expression the error line matches
     out: str = "dir"  # the previous output: "dir" (a directory with a file), "file", "run" (a trained run), "none"
     needs: str = ""  # a module the row needs
@@ -217,6 +233,29 @@ MATRIX: list[Case] = [
          READ_ONLY, "file"),
     Case("parse/second-writer", "parse --checkpoint {ck} --input {good} --output {out}", "second-writer",
          "--output .*" + LOCKED, "file"),
+    # hostile sizes: refused before anything is allocated, exit 2
+    Case("train/alias-bomb", "train --config {bomb} --run-dir {out}", "hostile",
+         r"train.max_steps: expected an integer, got \[.{1,210}$", "none"),
+    Case("translate/huge-beam", "translate --checkpoint {ck} -i {good} -o {out} --beam 100000", "hostile",
+         "decode.beam: must be at most 64, got 100000", "file"),
+    Case("translate/huge-nbest", "translate --checkpoint {ck} -i {good} -o {out} --nbest 1000", "hostile",
+         "decode.nbest: must be at most 64, got 1000", "file"),
+    Case("parse/huge-beam", "parse --checkpoint {ck} --input {good} --output {out} --beam 100000", "hostile",
+         "decode.beam: must be at most 64, got 100000", "file"),
+    Case("tune-decoding/huge-beam", "tune-decoding --checkpoint {ck} --input {good} --ref {ref} --beams 4 100000",
+         "hostile", "--beams: must be at most 64, got 100000", "none"),
+    Case("import/huge-layers", "import hf {marian_encoder_layers} {out}", "hostile",
+         r"config.json: encoder_layers=1000000000: out of range \(1 to 256\)$", "none", needs="transformers"),
+    Case("import/huge-positions", "import hf {marian_max_position_embeddings} {out}", "hostile",
+         r"config.json: max_position_embeddings=30000000: out of range \(1 to 65,536\)$", "none",
+         needs="transformers"),
+    Case("import/huge-vocabulary", "import hf {marian_vocab_size} {out}", "hostile",
+         r"config.json: vocab_size=1000000000000: out of range \(1 to 4,000,000\)$", "none", needs="transformers"),
+    Case("import/huge-d-model", "import hf {marian_d_model} {out}", "hostile",
+         r"config.json: d_model=1048576: out of range \(1 to 65,536\)$", "none", needs="transformers"),
+    Case("import/more-than-stored", "import hf {marian_decoder_layers} {out}", "hostile",
+         r"config.json: its sizes .* describe [\d,]+ parameters, but the weight files hold [\d,]+ bytes$", "none",
+         needs="transformers"),
 ]
 
 INJECT: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
@@ -266,7 +305,7 @@ def test_fault(case: Case, world: dict[str, Path], tmp_path: Path, capsys: pytes
     with contextlib.ExitStack() as stack:
         if case.fault == "second-writer":
             stack.enter_context(held_by_another_process(out))
-        else:
+        elif case.fault != "hostile":
             INJECT[case.fault](monkeypatch)
         with pytest.raises(SystemExit) as exc:
             main(argv)
@@ -275,7 +314,7 @@ def test_fault(case: Case, world: dict[str, Path], tmp_path: Path, capsys: pytes
     assert "Traceback" not in captured.out + captured.err
     errors = [line for line in captured.err.splitlines() if line.startswith("aiayn ")]
     assert len(errors) == 1, captured.err
-    assert exc.value.code == (2 if case.fault == "second-writer" else 1), captured.err
+    assert exc.value.code == (2 if case.fault in ("second-writer", "hostile") else 1), captured.err
     assert re.search(case.expect, errors[0]), errors[0]
     assert _state(out, case.out) == before, "the previous output changed"
     assert _snapshot(world["ck"].parent) == inputs_before, "an input changed"
