@@ -158,7 +158,7 @@ def _acquire(lock: Path, path: Path, flag: str, holder_line: str) -> int | None:
                              "to finish, or write elsewhere") from None
         try:
             same = os.path.samestat(os.fstat(fd), os.stat(lock))
-        except FileNotFoundError:  # released (and removed) between our open and our flock
+        except FileNotFoundError:  # released (and removed) between the open and the flock
             same = False
         if same:
             with contextlib.suppress(OSError):

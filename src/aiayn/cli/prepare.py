@@ -94,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
     from aiayn import fileio
 
     with fileio.output_lock(args.out, flag="--out "):
+        out = Path(args.out)
+        # What a killed run left besides atomic_dir's own temporaries: the parsing text.
+        fileio.remove_stale_temporaries(out.with_name(out.name + "-text"))
         return _run(args)
 
 

@@ -199,6 +199,8 @@ class PartialOutput:
         self.replaced = False
         self._lock = contextlib.ExitStack()  # the output's lock (fileio.output_lock), held until the end
         self._lock.enter_context(fileio.output_lock(path, flag=f"{flag} "))
+        for left in (path, self.state):  # a killed run's temporaries: removable while the lock is held
+            fileio.remove_stale_temporaries(left)
         try:
             self._f = self._open()
         except BaseException:
