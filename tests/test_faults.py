@@ -409,3 +409,22 @@ def test_temporaries_of_a_killed_run_are_removed_by_the_next(world: dict[str, Pa
         main(["average", str(world["ck"]), str(world["ck2"]), "--out", str(tmp_path / "out")])
     assert exc.value.code == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [".other.tmp-0badc0de", "out"]
+
+
+@pytest.mark.parametrize("deleted", ["model.safetensors", "config.yaml", "checksums.sha256"])
+def test_a_checkpoint_half_deleted_by_a_kill_is_removed_by_the_next_run(
+        world: dict[str, Path], tmp_path: Path, deleted: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Pruning deletes an old checkpoint file by file: a kill midway leaves a step_N that no
+    listing counts. The next run of the same directory removes it, and nothing else."""
+    from aiayn.cli.train import remove_half_deleted
+
+    run = shutil.copytree(world["run"], tmp_path / "run")
+    checkpoints = run / "checkpoints"
+    half = shutil.copytree(checkpoints / "step_000001", checkpoints / "step_000000")
+    (half / deleted).unlink()
+    before = _snapshot(checkpoints / "step_000001")
+    assert remove_half_deleted(run) == [half]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step_000001"]
+    assert _snapshot(checkpoints / "step_000001") == before
+    assert "a checkpoint whose deletion was interrupted" in caplog.text
+    assert remove_half_deleted(run) == []  # a complete run is left alone

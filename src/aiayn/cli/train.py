@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
@@ -16,7 +17,9 @@ from typing import Any
 
 from aiayn import fileio
 from aiayn.cli import options
-from aiayn.errors import ConfigError, EnvironmentFailure
+from aiayn.errors import AiaynError, ConfigError, EnvironmentFailure
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +57,44 @@ def _run_dir_of(resume: Path) -> Path:
     if resume.name == CHECKPOINTS_DIR:
         resume = resume.parent
     return resume
+
+
+def remove_half_deleted(run_dir: Path) -> list[Path]:
+    """Remove the checkpoint directories a kill left half-deleted (pruning deletes old
+    checkpoints file by file): a ``step_N`` / ``best_step_N`` missing its manifest or a file
+    the manifest lists, that no pointer names. A save never leaves one (it renames a
+    complete directory into place), so such a directory can only be a deletion cut short.
+    The removed paths."""
+    from aiayn.checkpoint.io import CHECKPOINTS_DIR, CheckpointManager, saved_step
+
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    if not checkpoints.is_dir():
+        return []
+    manager = CheckpointManager(run_dir)
+    try:
+        named = {p.name for p in (manager.last(), manager.best()) if p is not None}
+    except AiaynError:  # a broken pointer: resolving the resume point says so
+        return []
+    removed = []
+    for p in sorted(checkpoints.iterdir()):
+        if saved_step(p) is not None and p.is_dir() and not p.is_symlink() and not _all_listed_files(p) \
+                and p.name not in named:
+            log.warning("removing %s: a checkpoint whose deletion was interrupted", p)
+            fileio.remove_dir(p, prefix=f".tmp-{p.name}-")  # the checkpoints' temporary prefix
+            removed.append(p)
+    return removed
+
+
+def _all_listed_files(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` has its manifest and every file the manifest lists (no hashing)."""
+    from aiayn.checkpoint.io import MANIFEST_FILE, MODEL_FILE
+
+    try:
+        lines = (checkpoint / MANIFEST_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    names = [line.partition("  ")[2] for line in lines if line.strip()]
+    return MODEL_FILE in names and all((checkpoint / name).is_file() for name in names if name)
 
 
 def _resume_hint(run_dir: Path) -> str:
@@ -119,6 +160,7 @@ def _train(cfg: Any, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
             with contextlib.suppress(OSError):
                 run_dir.parent.mkdir(parents=True, exist_ok=True)
             stack.enter_context(fileio.output_lock(run_dir, flag="--run-dir "))
+            remove_half_deleted(run_dir)
         try:
             summary = run_training(cfg, run_dir, resume=args.resume, threads=args.threads)
         except Exception as exc:
