@@ -233,6 +233,9 @@ MATRIX: list[Case] = [
          READ_ONLY, "file"),
     Case("parse/second-writer", "parse --checkpoint {ck} --input {good} --output {out}", "second-writer",
          "--output .*" + LOCKED, "file"),
+    Case("evaluate/second-writer", "evaluate --checkpoint {ck} --input {good} --ref {ref} --output {out}",
+         "second-writer", "--output .*" + LOCKED, "file"),
+    Case("demo/second-writer", "demo --out {out}", "second-writer", "--out .*" + LOCKED, "none"),
     # hostile sizes: refused before anything is allocated, exit 2
     Case("train/alias-bomb", "train --config {bomb} --run-dir {out}", "hostile",
          r"train.max_steps: expected an integer, got \[.{1,210}$", "none"),
