@@ -325,7 +325,9 @@ def test_disk_errno_reads_other_libraries_errors() -> None:
 
     assert disk_errno(OSError(errno.EDQUOT, "Disk quota exceeded")) == errno.EDQUOT
     assert disk_errno(RuntimeError('IoError(Os { code: 30, kind: ReadOnlyFilesystem, message: "x" })')) == errno.EROFS
+    assert disk_errno(RuntimeError("write failed: No space left on device")) == errno.ENOSPC
     assert disk_errno(OSError(errno.ENOENT, "No such file")) is None
+    assert disk_errno(ValueError("model.bin: unexpected end of file")) is None
     try:
         try:
             raise OSError(errno.ENOSPC, "No space left on device")

@@ -69,8 +69,10 @@ log = logging.getLogger(__name__)
 # The errors of the machine rather than of the input: one line, exit code 1.
 DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
                errno.EROFS: "read-only file system"}
-# How other libraries' errors carry an errno in their text (safetensors: "Os { code: 28, ...").
+# How other libraries' errors carry an errno in their text (safetensors: "Os { code: 28, ...",
+# Rust's "(os error 28)"), or its C library message (C++ converters: "No space left on device").
 _OS_ERROR_CODE = re.compile(r"(?:os error |code: )(\d+)")
+_OS_ERROR_TEXT = {os.strerror(code).lower(): code for code in DISK_ERRNOS}
 
 
 def disk_errno(exc: BaseException | None) -> int | None:
@@ -82,9 +84,13 @@ def disk_errno(exc: BaseException | None) -> int | None:
             if exc.errno in DISK_ERRNOS:
                 return exc.errno
         elif isinstance(exc, Exception) and not isinstance(exc, AiaynError):
-            match = _OS_ERROR_CODE.search(str(exc)[:2000])
+            text = str(exc)[:2000]
+            match = _OS_ERROR_CODE.search(text)
             if match and int(match.group(1)) in DISK_ERRNOS:
                 return int(match.group(1))
+            for message, code in _OS_ERROR_TEXT.items():
+                if message in text.lower():
+                    return code
         exc = exc.__cause__ or exc.__context__
     return None
 
