@@ -15,6 +15,8 @@ another name where a cleaner must recognise it, e.g. checkpoints)::
         (tmp / "model.bin").write_bytes(...)
 
 Outputs get the permissions ``open()`` / ``mkdir()`` would give them (umask applied).
+``durable`` fsyncs the data and the directory entries, for outputs that must survive a
+power cut (checkpoints, their pointers); outputs that can be regenerated may skip it.
 
 **Faults.** A full disk or quota, or a read-only file system (:data:`DISK_ERRNOS`), met while
 writing through these helpers becomes one :class:`~aiayn.errors.EnvironmentFailure` (exit 1)
@@ -25,8 +27,6 @@ pid and command. :func:`atomic_dir` takes the lock itself, and once it holds it 
 temporaries (``PREFIX*``) that a killed writer of the same output left behind. An output
 directory may never hold what an input refers to (:func:`input_referents`: symlinks
 resolved, a run directory's ``checkpoints/last`` and the checkpoint it names).
-``durable`` fsyncs the data and the directory entries, for outputs that must survive a
-power cut (checkpoints, their pointers); outputs that can be regenerated may skip it.
 
 **Reading.** :func:`iter_text_lines` reads a plain or gzip-compressed (``.gz`` suffix or
 the gzip magic bytes) UTF-8 text file line by line: lines end at ``\\n`` only (so a stray
@@ -157,7 +157,8 @@ def _acquire(lock: Path, path: Path, flag: str, holder_line: str) -> int | None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             try:
-                holder = os.read(fd, 300).decode("utf-8", "replace").strip() or "pid unknown"
+                lines = os.read(fd, 300).decode("utf-8", "replace").strip().splitlines()
+                holder = lines[0] if lines else "pid unknown"
             finally:
                 os.close(fd)
             raise AiaynError(f"{flag}{path}: is being written by another run ({holder}); wait for it "
