@@ -296,3 +296,99 @@ def test_an_unwritable_folder_is_one_user_error_naming_it() -> None:
             pass
     with pytest.raises(AiaynError, match=r"^/proc: cannot write there"):
         write_atomic("/proc/aiayn-test-output", "x")
+
+
+# ---------------------------------------------------------------------- faults
+
+
+def test_a_full_disk_keeps_the_old_file_and_removes_the_temporary(tmp_path: Path) -> None:
+    import errno
+
+    from aiayn.errors import EnvironmentFailure
+    from aiayn.fileio import atomic_file
+
+    out = tmp_path / "out.txt"
+    out.write_text("old\n", encoding="utf-8")
+    with pytest.raises(EnvironmentFailure) as exc, atomic_file(out) as f:
+        f.write("new")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    assert str(exc.value) == f"no space left on device writing {out}; the previous contents are unchanged"
+    assert exc.value.exit_code == 1
+    assert out.read_text(encoding="utf-8") == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+def test_disk_errno_reads_other_libraries_errors() -> None:
+    import errno
+
+    from aiayn.fileio import disk_errno
+
+    assert disk_errno(OSError(errno.EDQUOT, "Disk quota exceeded")) == errno.EDQUOT
+    assert disk_errno(RuntimeError('IoError(Os { code: 30, kind: ReadOnlyFilesystem, message: "x" })')) == errno.EROFS
+    assert disk_errno(RuntimeError("write failed: No space left on device")) == errno.ENOSPC
+    assert disk_errno(OSError(errno.ENOENT, "No such file")) is None
+    assert disk_errno(ValueError("model.bin: unexpected end of file")) is None
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert disk_errno(outer) == errno.ENOSPC
+
+
+def test_an_output_lock_is_held_once_and_leaves_nothing(tmp_path: Path) -> None:
+    pytest.importorskip("fcntl", reason="platform: no fcntl (not POSIX)")
+    from aiayn.errors import AiaynError
+    from aiayn.fileio import output_lock, set_command
+
+    out = tmp_path / "out"
+    set_command("aiayn first")
+    with output_lock(out):
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock"]
+        with output_lock(out, reentrant=True):  # the same writer, one level down
+            pass
+        with pytest.raises(AiaynError, match=r"out: is being written by another run \(pid \d+: aiayn first\)"):
+            with output_lock(out):
+                pass
+    assert list(tmp_path.iterdir()) == []
+    with output_lock(out):  # free again
+        pass
+
+
+def test_a_removal_cut_short_leaves_a_temporary_the_next_writer_removes(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from aiayn import fileio
+
+    victim = tmp_path / "step_000001"
+    victim.mkdir()
+    (victim / "model.safetensors").write_bytes(b"w")
+
+    def killed(path: object, *args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # as a kill during the deletion
+
+    monkeypatch.setattr(shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fileio.remove_dir(victim)
+    monkeypatch.undo()
+    left = [p.name for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].startswith(".step_000001.tmp-del-")  # never a half-deleted step_000001
+    with fileio.atomic_dir(victim) as tmp:
+        (tmp / "model.safetensors").write_bytes(b"new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
+
+
+def test_input_referents_follow_pointers_and_links(tmp_path: Path) -> None:
+    from aiayn.fileio import input_referents
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "checkpoints" / "last").write_text("step_000002\n", encoding="utf-8")
+    link = tmp_path / "link"
+    link.symlink_to(run)
+    step = (run / "checkpoints" / "step_000002").resolve()
+    assert step in input_referents(run) and step in input_referents(link)
+    assert step in input_referents(run / "checkpoints" / "last")
+    assert input_referents(tmp_path / "missing") == [(tmp_path / "missing").resolve()]

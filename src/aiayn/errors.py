@@ -14,6 +14,13 @@ class AiaynError(Exception):
     exit_code: int = 2
 
 
+class EnvironmentFailure(AiaynError):
+    """The machine, not the input, stopped the command: a full disk or quota, a read-only
+    file system. The message names the path and what was kept; the exit code is 1."""
+
+    exit_code = 1
+
+
 class ConfigError(AiaynError):
     """An invalid configuration value or an unknown configuration key."""
 

@@ -18,6 +18,16 @@ Outputs get the permissions ``open()`` / ``mkdir()`` would give them (umask appl
 ``durable`` fsyncs the data and the directory entries, for outputs that must survive a
 power cut (checkpoints, their pointers); outputs that can be regenerated may skip it.
 
+**Faults.** A full disk or quota, or a read-only file system (:data:`DISK_ERRNOS`), met while
+writing through these helpers becomes one :class:`~aiayn.errors.EnvironmentFailure` (exit 1)
+naming the output and what was kept; the temporaries are removed first. Whoever writes an
+output holds its lock (:func:`output_lock`, a ``.NAME.lock`` file beside it, removed on
+release): a second writer of the same output is refused with one line naming the holder's
+pid and command. :func:`atomic_dir` takes the lock itself, and once it holds it removes the
+temporaries (``PREFIX*``) that a killed writer of the same output left behind. An output
+directory may never hold what an input refers to (:func:`input_referents`: symlinks
+resolved, a run directory's ``checkpoints/last`` and the checkpoint it names).
+
 **Reading.** :func:`iter_text_lines` reads a plain or gzip-compressed (``.gz`` suffix or
 the gzip magic bytes) UTF-8 text file line by line: lines end at ``\\n`` only (so a stray
 U+2028 or form feed inside a sentence cannot shift a line count), a leading byte-order mark
@@ -29,10 +39,15 @@ naming the line where it broke.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
+import logging
 import os
+import re
 import secrets
 import shutil
+import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -40,7 +55,237 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from aiayn.errors import AiaynError, DataError
+from aiayn.errors import AiaynError, DataError, EnvironmentFailure
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: outputs are not locked
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+# ============================================================================ faults
+
+# The errors of the machine rather than of the input: one line, exit code 1.
+DISK_ERRNOS = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system"}
+# How other libraries' errors carry an errno in their text (safetensors: "Os { code: 28, ...",
+# Rust's "(os error 28)"), or its C library message (C++ converters: "No space left on device").
+_OS_ERROR_CODE = re.compile(r"(?:os error |code: )(\d+)")
+_OS_ERROR_TEXT = {os.strerror(code).lower(): code for code in DISK_ERRNOS}
+
+
+def disk_errno(exc: BaseException | None) -> int | None:
+    """The errno of :data:`DISK_ERRNOS` behind ``exc`` (or what caused it), else None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno is not None:
+            if exc.errno in DISK_ERRNOS:
+                return exc.errno
+        elif isinstance(exc, Exception) and not isinstance(exc, AiaynError):
+            text = str(exc)[:2000]
+            match = _OS_ERROR_CODE.search(text)
+            if match and int(match.group(1)) in DISK_ERRNOS:
+                return int(match.group(1))
+            for message, code in _OS_ERROR_TEXT.items():
+                if message in text.lower():
+                    return code
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def environment_failure(exc: BaseException, path: str | os.PathLike, kept: str,
+                        within: Path | None = None) -> EnvironmentFailure | None:
+    """``exc`` as one line naming ``path`` and what was ``kept``, if the disk or the file
+    system caused it (None otherwise). A failure already worded for a path inside
+    ``within`` (the temporary being written as ``path``) is worded again for ``path``."""
+    if isinstance(exc, EnvironmentFailure):
+        inner = getattr(exc, "path", None)
+        if within is None or inner is None or not Path(inner).is_relative_to(within):
+            return exc
+        code: int | None = getattr(exc, "errno", None)
+    else:
+        code = disk_errno(exc)
+    if code is None:
+        return None
+    failure = EnvironmentFailure(f"{DISK_ERRNOS[code]} writing {path}; {kept}")
+    failure.path, failure.errno = str(path), code  # type: ignore[attr-defined]
+    return failure
+
+
+def _kept(existed: bool) -> str:
+    return "the previous contents are unchanged" if existed else "nothing was left there"
+
+
+# The command line named in lock files (the CLI sets it; a library caller gets its argv).
+_command: str | None = None
+
+
+def set_command(command: str) -> None:
+    """What :func:`output_lock` records as the holder's command."""
+    global _command
+    _command = command
+
+
+def _holder_line() -> str:
+    command = _command if _command is not None else " ".join(sys.argv)
+    if len(command) > 200:
+        command = command[:200] + "..."
+    return f"pid {os.getpid()}: {command}"
+
+
+def lock_file(path: str | os.PathLike) -> Path:
+    """The lock file of the output ``path``: ``.NAME.lock`` beside it."""
+    path = Path(path)
+    return Path(os.path.realpath(path.parent)) / f".{path.name}.lock"
+
+
+_held: dict[str, list[Any]] = {}  # lock file -> [nesting depth, holder line], in this process
+
+
+def _acquire(lock: Path, path: Path, flag: str, holder_line: str) -> int | None:
+    """An fd holding ``lock`` (None when no lock file can be made there: the writer's own
+    checks then say why it cannot write)."""
+    assert fcntl is not None
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                lines = os.read(fd, 300).decode("utf-8", "replace").strip().splitlines()
+                holder = lines[0] if lines else "pid unknown"
+            finally:
+                os.close(fd)
+            raise AiaynError(f"{flag}{path}: is being written by another run ({holder}); wait for it "
+                             "to finish, or write elsewhere") from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except FileNotFoundError:  # released (and removed) between the open and the flock
+            same = False
+        if same:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.write(fd, (holder_line + "\n").encode("utf-8", "replace"))
+            return fd
+        os.close(fd)
+
+
+@contextmanager
+def output_lock(path: str | os.PathLike, *, reentrant: bool = False, flag: str = "") -> Iterator[None]:
+    """Hold the lock of the output ``path`` (a file or a directory, existing or not) for the
+    block. Another process holding it, or this one unless ``reentrant``, is refused with one
+    line naming the holder; ``flag`` prefixes the path in it (e.g. ``"--output "``)."""
+    path = Path(path)
+    if fcntl is None:
+        yield
+        return
+    lock = lock_file(path)
+    key = str(lock)
+    if key in _held:
+        if not reentrant:
+            raise AiaynError(f"{flag}{path}: is being written by another run ({_held[key][1]}); "
+                             "wait for it to finish, or write elsewhere")
+        _held[key][0] += 1
+        try:
+            yield
+        finally:
+            _held[key][0] -= 1
+        return
+    holder = _holder_line()
+    fd = _acquire(lock, path, flag, holder)
+    if fd is None:
+        yield
+        return
+    _held[key] = [1, holder]
+    try:
+        yield
+    finally:
+        del _held[key]
+        with contextlib.suppress(OSError):
+            lock.unlink()  # still held: a writer that opened it meanwhile sees it gone and retries
+        os.close(fd)
+
+
+def holds_lock(path: str | os.PathLike) -> bool:
+    """Whether this process holds the lock of the output ``path``."""
+    return str(lock_file(path)) in _held
+
+
+def remove_stale_temporaries(path: str | os.PathLike, prefix: str | None = None) -> list[Path]:
+    """Remove what a killed writer of ``path`` left beside it (``PREFIX*``, default
+    ``.NAME.tmp-*``); the removed paths. Only for a caller holding ``path``'s lock: any
+    other writer of it is then gone."""
+    path = Path(path)
+    prefix = prefix if prefix is not None else temp_prefix(path)
+    removed = []
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        if p.name.startswith(prefix):
+            log.warning("removing %s, left by an interrupted run", p)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            removed.append(p)
+    return removed
+
+
+def remove_dir(path: str | os.PathLike, prefix: str | None = None) -> None:
+    """Delete the directory ``path`` so that a kill midway cannot leave a half-deleted
+    directory under its name: it is renamed to a temporary (``PREFIX*``, default
+    ``.NAME.tmp-``) first, which the next writer's cleaning removes."""
+    path = Path(path)
+    prefix = prefix if prefix is not None else temp_prefix(path)
+    aside = path.with_name(f"{prefix}del-{secrets.token_hex(4)}")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+# The pointer files of a checkpoints directory: each names a checkpoint beside it.
+POINTER_FILES = ("last", "best")
+CHECKPOINTS_SUBDIR = "checkpoints"
+
+
+def input_referents(path: str | os.PathLike) -> list[Path]:
+    """Everything an input path refers to, resolved (symlinks followed): itself; for a
+    pointer file (``last``/``best``) or a directory holding pointers (a checkpoints
+    directory, a run directory's ``checkpoints/``), the pointers and the directories they
+    name. Replacing any of them would destroy the input."""
+    p = Path(path)
+    found = [p.resolve()]
+
+    def pointers(directory: Path, names: Sequence[str] = POINTER_FILES) -> None:
+        for name in names:
+            pointer = directory / name
+            if not pointer.is_file():
+                continue
+            found.append(pointer.resolve())
+            with contextlib.suppress(OSError, ValueError):
+                with open(pointer, "rb") as f:
+                    target = f.read(4096).decode("utf-8", "replace").strip()
+                if target and (directory / target).exists():
+                    found.append((directory / target).resolve())
+
+    if p.is_file() and p.name in POINTER_FILES:
+        pointers(p.parent, [p.name])
+    elif p.is_dir():
+        pointers(p)
+        if (p / CHECKPOINTS_SUBDIR).is_dir():
+            pointers(p / CHECKPOINTS_SUBDIR)
+    return found
+
 
 # ============================================================================ writing
 
@@ -91,7 +336,10 @@ def _create_unique(parent: Path, prefix: str, create: Callable[[Path], None]) ->
             create(candidate)
         except FileExistsError:
             continue
-        except OSError as exc:  # /proc, a read-only or missing folder: the user's mistake, one line
+        except OSError as exc:  # /proc, a read-only or missing folder: one line
+            failure = environment_failure(exc, parent, "nothing was changed")
+            if failure is not None:
+                raise failure from None
             raise AiaynError(f"{parent}: cannot write there ({exc.strerror or exc})") from None
         return candidate
     raise FileExistsError(f"{parent}: no unused temporary name {prefix}*")
@@ -109,14 +357,21 @@ def atomic_path(path: str | os.PathLike, durable: bool = True, prefix: str | Non
     checking a file before it goes into place. A failure removes it and leaves ``path`` as it was.
     """
     path = Path(path)
-    tmp = _create_unique(path.parent, prefix if prefix is not None else temp_prefix(path), _create_file)
+    prefix = prefix if prefix is not None else temp_prefix(path)
+    if holds_lock(path):
+        remove_stale_temporaries(path, prefix)
+    existed = path.exists()
+    tmp = _create_unique(path.parent, prefix, _create_file)
     try:
         yield tmp
         if durable:
             fsync_file(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        failure = environment_failure(exc, path, _kept(existed), within=tmp)
+        if failure is not None and failure is not exc:
+            raise failure from None
         raise
     if durable:
         fsync_dir(path.parent)
@@ -184,9 +439,13 @@ def _probe_dir(path: Path, error: type[AiaynError]) -> None:
         raise error(f"{path}: {parent} is not a directory")
     try:
         probe = _create_unique(parent, f"{temp_prefix(path)}probe-", os.mkdir)
+    except EnvironmentFailure as exc:  # worded for the output, not the folder probed
+        raise EnvironmentFailure(f"{DISK_ERRNOS[getattr(exc, 'errno', errno.EROFS)]} writing {path}; "
+                                 "nothing was changed") from None
     except AiaynError as exc:
         raise error(str(exc)) from None
-    probe.rmdir()
+    with contextlib.suppress(FileNotFoundError):
+        probe.rmdir()
 
 
 def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = (),
@@ -206,21 +465,25 @@ def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLik
     try:
         _create_file(probe)
     except OSError as exc:
+        failure = environment_failure(exc, path, "nothing was changed")
+        if failure is not None:
+            raise failure from None
         raise AiaynError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
-    probe.unlink()
+    probe.unlink(missing_ok=True)
     return path
 
 
 def check_not_inside(out: str | os.PathLike, inputs: Sequence[str | os.PathLike],
                      flag: str = "--out") -> Path:
-    """``out`` as a Path, if replacing that directory cannot destroy an input: no input is
-    ``out`` itself or lies inside it."""
+    """``out`` as a Path, if replacing that directory cannot destroy an input: nothing an
+    input refers to (:func:`input_referents`) is ``out`` itself or lies inside it."""
     out = Path(out)
     target = out.resolve()
     for inp in inputs:
-        resolved = Path(inp).resolve()
-        if resolved == target or target in resolved.parents:
-            raise AiaynError(f"{flag} {out}: would replace the input {inp}; write to another directory")
+        for resolved in input_referents(inp):
+            if resolved == target or target in resolved.parents:
+                what = "" if resolved == Path(inp).resolve() else f" (through {resolved})"
+                raise AiaynError(f"{flag} {out}: would replace the input {inp}{what}; write to another directory")
     return out
 
 
@@ -258,18 +521,35 @@ def atomic_dir(path: str | os.PathLike, force: bool = False, *, prefix: str | No
     with ``prefix`` (default ``.NAME.tmp-``), the old directory's too while it is moved aside.
     ``durable``: every file and directory is fsynced before the rename.
     """
-    path = check_empty_dir(path, force, error, inputs=inputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = Path(path)
     prefix = prefix if prefix is not None else temp_prefix(path)
-    tmp = make_temp_dir(path, prefix)
-    try:
-        yield tmp
-        if durable:
-            fsync_tree(tmp)
-        replace_dir(tmp, path, aside=path.with_name(f"{prefix}old-{os.getpid()}"))
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with output_lock(path, reentrant=True):
+        path = check_empty_dir(path, force, error, inputs=inputs)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            failure = environment_failure(exc, path, "nothing was changed")
+            if failure is not None:
+                raise failure from None
+            raise
+        if holds_lock(path):
+            for stale in {temp_prefix(path), prefix}:
+                remove_stale_temporaries(path, stale)
+        existed = path.exists()
+        tmp = make_temp_dir(path, prefix)
+        try:
+            yield tmp
+            if durable:
+                fsync_tree(tmp)
+            replace_dir(tmp, path, aside=path.with_name(f"{prefix}old-{os.getpid()}"))
+        except BaseException as exc:
+            failure = environment_failure(exc, path, _kept(existed), within=tmp)
+            if failure is not None and failure is not exc:
+                raise failure from None
+            raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ============================================================================ reading

@@ -269,7 +269,7 @@ def test_a_partial_with_extra_bytes_is_cut_back_on_resume(tmp_path: Path) -> Non
     first.write(b"one\ntwo\n", 2)
     first._f.write(b"thr")  # the next chunk, cut short
     first._f.flush()
-    first._f.close()  # as a killed process would
+    first._close()  # as a killed process would: the file and the output's lock let go
     second = translate_io.PartialOutput(out, identity, resume=True)
     assert (second.lines, second.bytes) == (2, 8)
     second.write(b"three\n", 1)

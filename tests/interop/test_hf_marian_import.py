@@ -226,12 +226,16 @@ def test_import_of_a_damaged_or_hostile_weights_file_is_one_line(tmp_path: Path,
     hf_dir = make_marian_dir(tmp_path / "marian", src, tgt)
     weights = hf_dir / "model.safetensors"
     marker = tmp_path / "code-ran"
+    # Each damaged file keeps the size of the weights (zeros after the damage): a smaller one
+    # is refused before transformers sees it, for describing fewer bytes than config.json needs.
+    size = weights.stat().st_size
     if damage == "truncated_safetensors":
-        weights.write_bytes(weights.read_bytes()[:1000])
+        weights.write_bytes(weights.read_bytes()[:1000].ljust(size, b"\0"))
     else:
         weights.unlink()
         with open(hf_dir / "pytorch_model.bin", "wb") as f:
             pickle.dump({"model.shared.weight": _RunsCode(marker)}, f)
+            f.write(b"\0" * size)
     capsys.readouterr()  # the fixture's own output
     with pytest.raises(SystemExit) as exit_:
         main(["import", "hf", str(hf_dir), str(tmp_path / "out")])

@@ -190,3 +190,23 @@ def test_metrics_render_in_prometheus_text_format() -> None:
     assert samples[("aiayn_sentences_total", ())] == 2
     assert samples[("aiayn_source_tokens_total", ())] == 5
     assert text.endswith("\n")
+
+
+def test_a_withdrawn_request_is_never_translated() -> None:
+    """A request whose client disconnected leaves the queue untranslated; the others go on."""
+    gate = threading.Event()
+    fn = Scripted(gate)
+    metrics = ServerMetrics()
+    b = DynamicBatcher(fn, window_ms=0, metrics=metrics)
+    b.start()
+    first = submit(b, ["s0"])
+    assert fn.entered.wait(timeout=60)  # the model is busy with the first request
+    gone, kept = submit(b, ["gone"]), submit(b, ["kept"])
+    assert b.withdraw(gone) and gone.cancelled() and b.depth == 1
+    assert not b.withdraw(first)  # being translated: it finishes
+    gate.set()
+    assert first.result(timeout=60) == ["T(s0)"] and kept.result(timeout=60) == ["T(kept)"]
+    b.close()
+    assert [texts for texts, _ in fn.calls] == [["s0"], ["kept"]]
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    assert families["aiayn_queue_abandoned"].samples[0].value == 1.0

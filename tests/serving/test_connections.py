@@ -149,6 +149,22 @@ def _read_response(sock: socket.socket) -> bytes:
     return head
 
 
+def test_two_body_lengths_get_400_and_the_connection_is_closed(guarded) -> None:
+    """Content-Length and Transfer-Encoding together (RFC 9112 section 6.3): one 400
+    answer, then the connection closes; the request pipelined behind it is never read."""
+    body = b'{"texts": ["s1 s2"]}'
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    request = (b"POST /v1/translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(chunked)) + chunked
+    with _connect(guarded.url) as sock:
+        sock.sendall(request + b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw = _read_all(sock)  # returns only once the server closes the connection
+    assert raw.count(b"HTTP/1.1 ") == 1, raw
+    status, answer = _status_and_body(raw)
+    assert (status, answer["error"]) == (400, "ambiguous_framing")
+    assert b"\r\nconnection: close\r\n" in raw.lower()
+
+
 def test_a_served_connection_may_idle_longer_than_the_header_timeout(guarded) -> None:
     # Idle keep-alive is --keep-alive-timeout (30 s), not the header deadline: a client whose
     # pool keeps connections for 5 s must not meet a connection the server is closing.

@@ -19,10 +19,10 @@ from typing import Any
 from torch import nn
 
 from aiayn.checkpoint.directory import is_checkpoint_dir, read_pointer, save_checkpoint
-from aiayn.checkpoint.layout import BEST_POINTER, CHECKPOINTS_DIR, LAST_POINTER, TMP_PREFIX
+from aiayn.checkpoint.layout import BEST_POINTER, CHECKPOINTS_DIR, LAST_POINTER, MANIFEST_FILE, MODEL_FILE, TMP_PREFIX
 from aiayn.config import Config
-from aiayn.errors import CheckpointError
-from aiayn.fileio import write_atomic
+from aiayn.errors import AiaynError, CheckpointError
+from aiayn.fileio import remove_dir, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,27 @@ class CheckpointManager:
                 else:
                     p.unlink(missing_ok=True)
 
+    def remove_half_deleted(self) -> list[Path]:
+        """Remove checkpoint directories a kill left half-deleted (pruning by an older version
+        deleted file by file): a ``step_N`` / ``best_step_N`` missing its manifest or a file
+        the manifest lists, that no pointer names. A save never leaves one (it renames a
+        complete directory into place), so such a directory can only be a deletion cut short.
+        The removed paths."""
+        if not self.dir.is_dir():
+            return []
+        try:
+            named = {p.name for p in (self.last(), self.best()) if p is not None}
+        except AiaynError:  # a broken pointer: resolving the resume point says so
+            return []
+        removed = []
+        for p in sorted(self.dir.iterdir()):
+            if (saved_step(p) is not None and p.is_dir() and not p.is_symlink()
+                    and not _all_listed_files(p) and p.name not in named):
+                log.warning("removing %s: a checkpoint whose deletion was interrupted", p)
+                remove_dir(p, prefix=f"{TMP_PREFIX}{p.name}-")
+                removed.append(p)
+        return removed
+
     def save(self, step: int, model: nn.Module, cfg: Config, tokenizer: Any = None,
              state: dict[str, Any] | None = None, optimizer: Any = None,
              is_best: bool = False, periodic: bool = True) -> Path:
@@ -143,5 +164,16 @@ class CheckpointManager:
         for p in ckpts + stale:
             if p.name not in keep:
                 log.debug("removing old checkpoint %s", p)
-                shutil.rmtree(p, ignore_errors=True)
+                # Renamed first: a kill midway leaves a temporary that clean_incomplete
+                # removes, never a half-deleted step_N.
+                remove_dir(p, prefix=f"{TMP_PREFIX}{p.name}-")
 
+
+def _all_listed_files(checkpoint: Path) -> bool:
+    """Whether ``checkpoint`` has its manifest and every file the manifest lists (no hashing)."""
+    try:
+        lines = (checkpoint / MANIFEST_FILE).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    names = [line.partition("  ")[2] for line in lines if line.strip()]
+    return MODEL_FILE in names and all((checkpoint / name).is_file() for name in names if name)

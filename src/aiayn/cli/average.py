@@ -26,6 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with fileio.output_lock(args.out, flag="--out "):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from aiayn.checkpoint.average import average_checkpoints, last_checkpoints
 
     if args.last is not None:

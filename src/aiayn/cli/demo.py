@@ -25,8 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn import fileio
     from aiayn.recipes.demo import run_demo
 
-    run_demo(args.out, dataset=args.dataset, data_dir=args.data_dir, task=args.task,
-             overrides=args.overrides, echo=print, threads=args.threads)
+    with fileio.output_lock(args.out, flag="--out "):
+        run_demo(args.out, dataset=args.dataset, data_dir=args.data_dir, task=args.task,
+                 overrides=args.overrides, echo=print, threads=args.threads)
     return 0

@@ -144,6 +144,13 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.output:
+        return _run(args)
+    with fileio.output_lock(args.output, flag="--output "):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from aiayn.evaluation.bleu import corpus_scores, read_lines
 
     _check_args(args)

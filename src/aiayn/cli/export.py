@@ -39,6 +39,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn import fileio
+
+    with fileio.output_lock(args.out_dir):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.format == "hf":
         from aiayn.interop.hf_export import export_hf
 

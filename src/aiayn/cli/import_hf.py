@@ -24,8 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn import fileio
     from aiayn.interop.hf_import import import_hf
 
-    out = import_hf(args.hf_dir, args.out, force=args.force)
-    print(f"imported {args.hf_dir} -> {out}")
+    with fileio.output_lock(args.out):
+        out = import_hf(args.hf_dir, args.out, force=args.force)
+        print(f"imported {args.hf_dir} -> {out}")
     return 0

@@ -1,6 +1,7 @@
 """The `aiayn` command. Each subcommand lives in its own module of this package and
 exposes ``add_parser(subparsers)``, which registers its arguments and sets ``func``.
-User errors (:class:`AiaynError`) print one message and exit non-zero, no traceback.
+User errors (:class:`AiaynError`) print one message and exit non-zero, no traceback; so do
+a full disk or quota and a read-only file system met anywhere (exit 1, naming the file).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import sys
 
 import aiayn
+from aiayn import fileio
 from aiayn.errors import AiaynError
 from aiayn.runtime import set_threads, tune_allocator
 
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     tune_allocator()  # before the first large tensor; AIAYN_MALLOC=system opts out
     parser = build_parser()
     args = parser.parse_args(argv)
+    fileio.set_command(" ".join(["aiayn", *(sys.argv[1:] if argv is None else argv)]))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
@@ -52,6 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     except AiaynError as exc:
         print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        if fileio.disk_errno(exc) is None:
+            raise
+        name = getattr(exc, "filename", None) or "a file"
+        failure = fileio.environment_failure(
+            exc, name, "outputs are renamed into place only once complete: the previous ones are unchanged")
+        print(f"aiayn {args.command}: error: {failure}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:
         print(f"aiayn {args.command}: interrupted", file=sys.stderr)
         sys.exit(130)

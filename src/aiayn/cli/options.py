@@ -12,7 +12,7 @@ import argparse
 import typing
 from typing import TYPE_CHECKING, Any
 
-from aiayn.config import INFERENCE_DTYPES, DecodeConfig, decode_options
+from aiayn.config import INFERENCE_DTYPES, DecodeConfig, check_decode_bounds, decode_options
 from aiayn.runtime import resolve_device
 
 if TYPE_CHECKING:  # torch is imported lazily: `aiayn --help` should not load it
@@ -61,9 +61,11 @@ def add_decode_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | N
 
 def decode_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The decoding flags given on the command line, as :meth:`DecodeConfig.with_overrides`
-    takes them. Per-call arguments (``--nbest``) are left out: they are passed on their own."""
+    takes them. Per-call arguments (``--nbest``) are left out: they are passed on their own.
+    Every flag given is held to the bounds of the server's requests (one set of limits)."""
     argument = {f.name for f, opt in decode_options() if opt.argument}
     names = getattr(args, _DECODE_FLAGS, ())
+    check_decode_bounds({n: getattr(args, n) for n in names})
     return {n: getattr(args, n) for n in names if n not in argument and getattr(args, n) is not None}
 
 

@@ -95,6 +95,15 @@ def _read_input(args: argparse.Namespace) -> tuple[list[str], list[Any] | None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn import fileio
+
+    if not args.output:
+        return _run(args)
+    with fileio.output_lock(args.output, flag="--output "):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from aiayn.inference.parsing import Parser, parse_prepared_split, score_parses

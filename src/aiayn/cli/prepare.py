@@ -91,6 +91,16 @@ def config_from_args(args: argparse.Namespace) -> DataConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from aiayn import fileio
+
+    with fileio.output_lock(args.out, flag="--out "):
+        out = Path(args.out)
+        # What a killed run left besides atomic_dir's own temporaries: the parsing text.
+        fileio.remove_stale_temporaries(out.with_name(out.name + "-text"))
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.task == "parsing":
         return _run_parsing(args)
     from aiayn.data.prepare import prepare_data

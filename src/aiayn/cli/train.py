@@ -8,12 +8,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
+from aiayn import fileio
 from aiayn.cli import options
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, EnvironmentFailure
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,6 +59,16 @@ def _run_dir_of(resume: Path) -> Path:
     return resume
 
 
+def _resume_hint(run_dir: Path) -> str:
+    """What a stopped run keeps: its last complete checkpoint, which the same command resumes."""
+    pointer = run_dir / "checkpoints" / "last"
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return f"; the run keeps its last complete checkpoint ({name}): the same command resumes from it" if name else ""
+
+
 def run(args: argparse.Namespace) -> int:
     from aiayn.checkpoint.directory import resolve_checkpoint
     from aiayn.checkpoint.layout import CONFIG_FILE
@@ -86,9 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(cfg), end="")
         return 0
 
-    from aiayn.recipes.train import run_training
-
-    summary = run_training(cfg, run_dir, resume=args.resume, threads=args.threads)
+    summary = _train(cfg, run_dir, args)
     if int(os.environ.get("RANK", "0")) == 0:
         best = summary.get("best") or {}
         line = (f"done ({summary['stop_reason']}): step {summary['step']}, "
@@ -97,3 +111,26 @@ def run(args: argparse.Namespace) -> int:
             line += f"; best {best.get('metric')} {best.get('value'):.4f} at step {best.get('step')}"
         print(line, file=sys.stderr)
     return 0
+
+
+def _train(cfg: Any, run_dir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The run, holding its directory; a full disk or read-only file system in one line."""
+    from aiayn.checkpoint.manager import CheckpointManager
+    from aiayn.recipes.train import run_training
+
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    with contextlib.ExitStack() as stack:
+        if main_rank:  # the one process that writes the run directory holds it
+            with contextlib.suppress(OSError):
+                run_dir.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(fileio.output_lock(run_dir, flag="--run-dir "))
+            CheckpointManager(run_dir).remove_half_deleted()
+        try:
+            summary = run_training(cfg, run_dir, resume=args.resume, threads=args.threads)
+        except Exception as exc:
+            failure = fileio.environment_failure(exc, getattr(exc, "filename", None) or run_dir,
+                                                 "nothing complete was replaced")
+            if failure is None:
+                raise
+            raise EnvironmentFailure(f"{failure}{_resume_hint(run_dir)}") from None
+    return summary

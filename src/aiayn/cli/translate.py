@@ -14,7 +14,7 @@ from typing import Any
 
 from aiayn import fileio
 from aiayn.cli import options, translate_constraints, translate_io
-from aiayn.errors import AiaynError, DataError
+from aiayn.errors import AiaynError, DataError, EnvironmentFailure
 
 DEFAULT_CHUNK_SIZE = 10_000
 
@@ -393,12 +393,18 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         done = job.run(out)
-    except BaseException:
-        if out.abort() and isinstance(out, translate_io.PartialOutput):
-            print(f"aiayn translate: {out.partial} keeps the first {out.lines} lines; the same command with "
-                  "--resume continues it", file=sys.stderr)
+        out.finish()
+    except BaseException as exc:
+        kept = out.abort()
+        note = (f"{out.partial} keeps the first {out.lines} lines; the same command with --resume continues it"
+                if kept and isinstance(out, translate_io.PartialOutput) else "")
+        if isinstance(out, translate_io.PartialOutput):  # a full disk: one line, with what was kept
+            failure = fileio.environment_failure(exc, out.partial, f"{out.path} is unchanged")
+            if failure is not None:
+                raise EnvironmentFailure(f"{failure}" + (f"; {note}" if note else "")) from None
+        if note:
+            print(f"aiayn translate: {note}", file=sys.stderr)
         raise
-    out.finish()
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

@@ -29,11 +29,6 @@ from typing import IO, Any, TypeVar, cast
 from aiayn import fileio
 from aiayn.errors import AiaynError, CheckpointError, DataError
 
-try:  # POSIX: keeps two runs from writing the same OUTPUT.partial
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
-
 T = TypeVar("T")
 
 PARTIAL_SUFFIX = ".partial"
@@ -202,7 +197,15 @@ class PartialOutput:
         self.lines = 0  # finished lines in the file (resumed ones included)
         self.bytes = 0
         self.replaced = False
-        self._f = self._open()
+        self._lock = contextlib.ExitStack()  # the output's lock (fileio.output_lock), held until the end
+        self._lock.enter_context(fileio.output_lock(path, flag=f"{flag} "))
+        for left in (path, self.state):  # a killed run's temporaries: removable while the lock is held
+            fileio.remove_stale_temporaries(left)
+        try:
+            self._f = self._open()
+        except BaseException:
+            self._lock.close()
+            raise
         try:
             if resume:
                 self._resume()
@@ -211,24 +214,25 @@ class PartialOutput:
                 self._f.truncate(0)
             self._save_state()
         except BaseException:
-            self._f.close()
+            self._close()
             raise
 
     def _open(self) -> IO[bytes]:
-        # Not truncated before the lock is held: it could be another run's file.
+        # Opened once the output's lock is held, not before: it could be another run's file.
         try:
             fd = os.open(self.partial, os.O_RDWR | os.O_CREAT, 0o666)
         except OSError as exc:
+            failure = fileio.environment_failure(exc, self.partial, f"{self.path} is unchanged")
+            if failure is not None:
+                raise failure from None
             raise AiaynError(f"{self.flag} {self.path}: cannot write {self.partial} ({exc.strerror or exc})") from None
-        f = os.fdopen(fd, "r+b")
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                f.close()
-                raise AiaynError(f"{self.flag} {self.path}: {self.partial} is being written by another "
-                                 "run; wait for it, or write to another file") from None
-        return f
+        return os.fdopen(fd, "r+b")
+
+    def _close(self) -> None:
+        try:
+            self._f.close()
+        finally:
+            self._lock.close()
 
     def _read_state(self) -> dict[str, Any] | None:
         with contextlib.suppress(OSError, ValueError):
@@ -277,8 +281,8 @@ class PartialOutput:
     def finish(self) -> None:
         """Every line is written: the file takes its final name."""
         os.replace(self.partial, self.path)  # still locked: no other run can reopen it meanwhile
-        self._f.close()
         self.state.unlink(missing_ok=True)
+        self._close()
 
     def abort(self) -> bool:
         """The run failed. Keep what can be resumed (an identity, and at least one finished
@@ -287,7 +291,7 @@ class PartialOutput:
         if not keep:
             self.partial.unlink(missing_ok=True)
             self.state.unlink(missing_ok=True)
-        self._f.close()
+        self._close()
         return keep
 
 

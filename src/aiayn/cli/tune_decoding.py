@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli import options
-from aiayn.config import DecodeConfig
+from aiayn.config import DecodeConfig, check_decode_bounds
 from aiayn.errors import AiaynError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ def _check_args(args: argparse.Namespace) -> None:
     for flag, name, values in (("--beams", "beam", args.beams), ("--lenpens", "lenpen", args.lenpens)):
         for value in values:
             try:
+                check_decode_bounds({name: value})
                 DecodeConfig().with_overrides(**{name: value})
             except ConfigError as exc:
                 raise ConfigError(str(exc).replace(f"decode.{name}", flag, 1)) from None

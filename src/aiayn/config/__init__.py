@@ -27,6 +27,7 @@ from aiayn.config.sections import (
     DecodeConfig,
     ModelConfig,
     TrainConfig,
+    check_decode_bounds,
     decode_options,
     model_preset,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "ModelConfig",
     "TrainConfig",
     "apply_overrides",
+    "check_decode_bounds",
     "config_from_dict",
     "decode_options",
     "dump_config",

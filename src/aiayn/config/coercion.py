@@ -2,19 +2,34 @@
 
 A value of the wrong type, or a key no field has, is a :class:`ConfigError` naming the
 field's dotted path (``train.max_steps: expected an integer, got 'x'``), with the closest
-field name suggested for a misspelt key.
+field name suggested for a misspelt key. A value is shown by :func:`short_repr`: bounded
+however large it is (a YAML alias bomb expands to gigabytes when printed whole).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import reprlib
 import types
 import typing
 from collections.abc import Callable
 from typing import Any
 
 from aiayn.errors import ConfigError
+
+# Values in messages: a few items per container, a few levels deep, then cut.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 6, 6, 6, 6
+_REPR.maxstring, _REPR.maxother, _REPR.maxlong = 120, 120, 60
+REPR_LIMIT = 200
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` in at most about :data:`REPR_LIMIT` characters, computed without
+    formatting the whole value."""
+    text = _REPR.repr(value)
+    return text if len(text) <= REPR_LIMIT else text[:REPR_LIMIT] + "..."
 
 
 def to_dict(obj: Any) -> Any:
@@ -33,7 +48,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return _coerce_union(value, tp, where)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
+            raise ConfigError(f"{where}: expected a list, got {short_repr(value)}")
         item = typing.get_args(tp)[0]
         return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
     if tp in _SCALARS:
@@ -54,18 +69,18 @@ def _coerce_union(value: Any, tp: Any, where: str) -> Any:
             return _coerce(value, arg, where)
         except ConfigError:
             continue
-    raise ConfigError(f"{where}: {value!r} has the wrong type (expected {tp})")
+    raise ConfigError(f"{where}: {short_repr(value)} has the wrong type (expected {tp})")
 
 
 def _as_bool(value: Any, where: str) -> bool:
     if isinstance(value, bool):
         return value
-    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    raise ConfigError(f"{where}: expected true or false, got {short_repr(value)}")
 
 
 def _as_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        raise ConfigError(f"{where}: expected an integer, got {short_repr(value)}")
     return value
 
 
@@ -77,13 +92,13 @@ def _as_float(value: Any, where: str) -> float:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        raise ConfigError(f"{where}: expected a number, got {short_repr(value)}")
     return float(value)
 
 
 def _as_str(value: Any, where: str) -> str:
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        raise ConfigError(f"{where}: expected a string, got {short_repr(value)}")
     return value
 
 
@@ -95,7 +110,7 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {short_repr(data)}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}

@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from aiayn.config.coercion import from_dict, to_dict
+from aiayn.config.coercion import from_dict, short_repr, to_dict
 from aiayn.config.sections import MODEL_PRESETS, Config
 from aiayn.errors import ConfigError
 
@@ -39,7 +39,7 @@ def config_from_dict(data: dict[str, Any], where: str = "") -> Config:
     preset = model.pop("preset", None)
     if preset is not None:
         if preset not in MODEL_PRESETS:
-            raise ConfigError(f"{where}model.preset: unknown preset {preset!r}; "
+            raise ConfigError(f"{where}model.preset: unknown preset {short_repr(preset)}; "
                               f"choose from {sorted(MODEL_PRESETS)}")
         model = {**MODEL_PRESETS[preset], **model}
     data["model"] = model

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiayn.config.coercion import to_dict
+from aiayn.config.coercion import short_repr, to_dict
 from aiayn.config.options import DecodeOption, HttpField, decode_option
 from aiayn.errors import ConfigError
 
@@ -30,7 +30,7 @@ def _check_finite(section: Any, prefix: str) -> None:
 def _choice(prefix: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
     """``value`` is one of ``choices``, else an error listing them."""
     if value not in choices:
-        raise ConfigError(f"{prefix}.{name}: {value!r} is not one of {', '.join(choices)}")
+        raise ConfigError(f"{prefix}.{name}: {short_repr(value)} is not one of {', '.join(choices)}")
 
 
 # --------------------------------------------------------------------------- model
@@ -137,7 +137,7 @@ class ModelConfig:
         for name in ("d_head", "d_k", "d_v"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-                raise ConfigError(f"{prefix}.{name}: must be a positive integer or null, got {value!r}")
+                raise ConfigError(f"{prefix}.{name}: must be a positive integer or null, got {short_repr(value)}")
         defaulted = self.d_head is None and (self.d_k is None or self.d_v is None)
         if defaulted and self.d_model % self.n_heads != 0:
             raise ConfigError(
@@ -518,6 +518,21 @@ class DecodeConfig:
 def decode_options() -> list[tuple[dataclasses.Field, DecodeOption]]:
     """Every :class:`DecodeConfig` field with its :class:`DecodeOption`, in declaration order."""
     return [(f, f.metadata["option"]) for f in dataclasses.fields(DecodeConfig)]
+
+
+def check_decode_bounds(values: dict[str, Any], prefix: str = "decode") -> None:
+    """The bounds of an HTTP request's decoding options (their :class:`HttpField`), applied
+    to ``values`` given elsewhere (command-line flags): one set of limits, so that a
+    command cannot ask for a search the server refuses (``--beam 100000``)."""
+    fields = {f.name: opt.http for f, opt in decode_options() if opt.http is not None}
+    for name, value in values.items():
+        bounds = fields.get(name)
+        if bounds is None or value is None or isinstance(value, bool):
+            continue
+        if value < bounds.ge:
+            raise ConfigError(f"{prefix}.{name}: must be at least {bounds.ge}, got {value}")
+        if value > bounds.le:
+            raise ConfigError(f"{prefix}.{name}: must be at most {bounds.le}, got {value}")
 
 
 # ---------------------------------------------------------------------- experiment

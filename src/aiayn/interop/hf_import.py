@@ -32,6 +32,7 @@ from torch import Tensor
 
 from aiayn.checkpoint.directory import save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
+from aiayn.config.coercion import short_repr
 from aiayn.errors import InteropError
 from aiayn.fileio import check_empty_dir
 from aiayn.interop import spm_proto
@@ -168,7 +169,56 @@ def check_marian_dir(hf_dir: Path) -> dict[str, Any]:
     if not any((hf_dir / f).is_file() for f in ("model.safetensors", "pytorch_model.bin",
                                                 "model.safetensors.index.json")):
         raise InteropError(f"{hf_dir}: no weights (model.safetensors or pytorch_model.bin)")
+    check_sizes(config, hf_dir)
     return config
+
+
+# The sizes config.json may give, each bounded before anything is allocated: transformers
+# builds the model from config.json before it reads a weight.
+SIZE_LIMITS = {
+    "d_model": 65536, "encoder_layers": 256, "decoder_layers": 256, "encoder_ffn_dim": 262144,
+    "decoder_ffn_dim": 262144, "encoder_attention_heads": 1024, "decoder_attention_heads": 1024,
+    "max_position_embeddings": 65536, "vocab_size": 4_000_000, "decoder_vocab_size": 4_000_000,
+}
+# transformers' MarianConfig defaults, for a config.json that leaves a size out.
+MARIAN_DEFAULTS = {
+    "d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_ffn_dim": 4096,
+    "decoder_ffn_dim": 4096, "encoder_attention_heads": 16, "decoder_attention_heads": 16,
+    "max_position_embeddings": 1024, "vocab_size": 58101,
+}
+# The sinusoid table (max_position_embeddings x d_model) is computed, not stored: bounded apart.
+POSITION_TABLE_LIMIT = 1 << 26
+# Weights are stored in 2 bytes (fp16/bf16) or more: a config describing more parameters than
+# the weight files could hold is refused before transformers allocates them.
+_MIN_BYTES_PER_PARAMETER = 2
+
+
+def check_sizes(config: dict[str, Any], hf_dir: Path) -> None:
+    """Every size in ``config`` (config.json) within :data:`SIZE_LIMITS`, and the model it
+    describes no larger than its weight files: an error naming the field otherwise."""
+    where = hf_dir / "config.json"
+    sizes: dict[str, int] = {}
+    for name, limit in SIZE_LIMITS.items():
+        value = config.get(name, MARIAN_DEFAULTS.get(name))
+        if value is None and name == "decoder_vocab_size":  # null: the source vocabulary's size
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InteropError(f"{where}: {name}: expected a positive integer, got {short_repr(value)}")
+        if not 1 <= value <= limit:
+            raise InteropError(f"{where}: {name}={value}: out of range (1 to {limit:,})")
+        sizes[name] = value
+    d = sizes["d_model"]
+    if sizes["max_position_embeddings"] * d > POSITION_TABLE_LIMIT:
+        raise InteropError(f"{where}: max_position_embeddings={sizes['max_position_embeddings']} x d_model={d}: "
+                           f"a position table over {POSITION_TABLE_LIMIT:,} values")
+    parameters = (sizes["vocab_size"] * d + sizes["encoder_layers"] * (4 * d * d + 2 * d * sizes["encoder_ffn_dim"])
+                  + sizes["decoder_layers"] * (8 * d * d + 2 * d * sizes["decoder_ffn_dim"]))
+    stored = sum(p.stat().st_size for p in hf_dir.iterdir()
+                 if p.is_file() and p.suffix in (".safetensors", ".bin"))
+    if parameters * _MIN_BYTES_PER_PARAMETER > stored:
+        raise InteropError(f"{where}: its sizes (d_model={d}, encoder_layers={sizes['encoder_layers']}, "
+                           f"decoder_layers={sizes['decoder_layers']}, vocab_size={sizes['vocab_size']}, ...) "
+                           f"describe {parameters:,} parameters, but the weight files hold {stored:,} bytes")
 
 
 def _import_checks(hf_config: Any, hf_dir: Path) -> str:

@@ -33,6 +33,7 @@ Every error is JSON ``{"error": CODE, "message": TEXT}`` with a 4xx/5xx status:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -114,6 +115,20 @@ class APIError(Exception):
         self.details, self.headers = details, headers
 
 
+class ClientGone(APIError):
+    """The client disconnected while its request waited in the queue: it was dropped
+    untranslated. Answered (to nobody) with nginx's 499 and counted like any error."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client_closed_request", "the client disconnected before its request was translated")
+
+
+async def until_disconnected(request: Request) -> None:
+    """Return once the client of ``request`` (whose body has been read) has disconnected."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 # ---------------------------------------------------------------------- helpers
 
 
@@ -175,6 +190,17 @@ def _best_target_tokens(result: TranslationResult) -> int:
 # ---------------------------------------------------------------------- middleware
 
 
+AMBIGUOUS_FRAMING = ("the request has both Content-Length and Transfer-Encoding (RFC 9112 section 6.3: a "
+                     "sign of request smuggling); send one of them. The connection is closed")
+
+
+def _ambiguous_framing(scope: Scope) -> bool:
+    """Whether the request's headers give its body two lengths (Content-Length and
+    Transfer-Encoding): refused, and the connection closed, as RFC 9112 section 6.3 asks."""
+    names = {name.lower() for name, _ in scope.get("headers") or []}
+    return b"content-length" in names and b"transfer-encoding" in names
+
+
 class BodyLimitMiddleware:
     """Refuse bodies over ``limit`` bytes with 413 before any of it is parsed.
 
@@ -186,6 +212,9 @@ class BodyLimitMiddleware:
         self.app, self.limit, self.metrics = app, limit, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _ambiguous_framing(scope):
+            await self._reject(APIError(400, "ambiguous_framing", AMBIGUOUS_FRAMING), scope, receive, send)
+            return
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
@@ -412,7 +441,10 @@ class TranslationService:
                            f"x source tokens); the limit is {limit:,} (--max-attention-values): send fewer or "
                            "shorter texts, a smaller max_len_b, or no attention")
 
-    async def translate(self, req: RequestBase) -> dict[str, Any]:
+    async def translate(self, req: RequestBase,
+                        disconnected: Callable[[], Awaitable[Any]] | None = None) -> dict[str, Any]:
+        """``req`` translated. ``disconnected``: completes when the client has gone; a request
+        still queued then is dropped from the queue (:meth:`DynamicBatcher.withdraw`)."""
         if self.closing:
             raise APIError(503, "shutting_down", "the server is shutting down")
         lengths = self.check_limits(req)
@@ -433,11 +465,14 @@ class TranslationService:
         except ShuttingDownError:
             raise APIError(503, "shutting_down", "the server is shutting down") from None
         try:
-            results = await asyncio.wrap_future(future)
+            results = await self._result(future, disconnected)
         except ShuttingDownError:
             raise APIError(503, "shutting_down", "the server is shutting down") from None
         except AiaynError as exc:  # a user-caused problem the translator reports (e.g. a bad option)
             raise APIError(422, "invalid_request", str(exc)) from None
+        except ClientGone:
+            log.debug("request dropped from the queue: its client disconnected")
+            raise
         except Exception:
             # Answered here rather than by the app-wide handler: Starlette re-raises from
             # there and uvicorn then drops the client's keep-alive connection.
@@ -447,6 +482,23 @@ class TranslationService:
             # Converting L x H x T x S weights to JSON lists is real work: keep it off the loop.
             return await asyncio.to_thread(self.render, results, req)
         return self.render(results, req)
+
+    async def _result(self, future: concurrent.futures.Future, disconnected: Callable[[], Awaitable[Any]] | None
+                      ) -> Any:
+        """The batcher's result; a client that disconnects while its request is queued takes
+        it out of the queue (:class:`ClientGone`)."""
+        waiting = asyncio.wrap_future(future)
+        if disconnected is None:
+            return await waiting
+        watcher = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait({waiting, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if not waiting.done() and self.batcher.withdraw(future):
+            waiting.cancel()
+            raise ClientGone()
+        return await waiting
 
     def render(self, results: list[TranslationResult], req: RequestBase) -> dict[str, Any]:
         translations, scores = [], []
@@ -588,8 +640,8 @@ def add_routes(app: FastAPI, service: TranslationService, metrics: ServerMetrics
 
     @app.post("/v1/translate", response_model=TranslateResponse, response_model_exclude_none=True,
               summary="Translate texts", tags=["translation"], **key)
-    async def translate(req: TranslateRequest) -> dict[str, Any]:  # type: ignore[valid-type]
-        return await service.translate(req)
+    async def translate(req: TranslateRequest, request: Request) -> dict[str, Any]:  # type: ignore[valid-type]
+        return await service.translate(req, disconnected=lambda: until_disconnected(request))
 
     @app.get("/v1/model", summary="Model configuration, languages, vocabulary, parameters", tags=["model"], **key)
     async def model_info() -> dict[str, Any]:

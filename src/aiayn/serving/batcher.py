@@ -9,6 +9,10 @@ size adapts to the arrival rate (the same idea as Triton's and TGI's dynamic bat
 
 Failure isolation: if a batch of several requests raises, each request is retried on its
 own, so one bad request fails alone and never takes its neighbours down with it.
+
+Abandoned requests: :meth:`DynamicBatcher.withdraw` takes a request whose client has gone
+out of the queue (its future cancelled), so no model time is spent on an answer nobody
+reads; a request already being translated finishes, and its result is dropped.
 """
 
 from __future__ import annotations
@@ -109,6 +113,20 @@ class DynamicBatcher:
             self.metrics.queue_depth.set(len(self._queue))
             self._cond.notify_all()
         return pending.future
+
+    def withdraw(self, future: concurrent.futures.Future) -> bool:
+        """Drop the queued request of ``future`` (its client disconnected) and cancel it;
+        False when it is no longer queued (being translated, or done)."""
+        with self._cond:
+            for p in self._queue:
+                if p.future is future:
+                    self._queue.remove(p)
+                    self.metrics.queue_depth.set(len(self._queue))
+                    self.metrics.abandoned.inc()
+                    future.cancel()
+                    self._cond.notify_all()
+                    return True
+        return False
 
     @property
     def depth(self) -> int:

@@ -27,6 +27,11 @@ one, and its idle time is bounded by the header timeout anyway); otherwise the
 new one gets ``503 too_many_connections`` with ``Retry-After`` and is closed. On shutdown,
 connections still sending a request body are closed at once instead of holding the
 graceful shutdown open.
+
+A request with both ``Content-Length`` and ``Transfer-Encoding`` (a sign of request
+smuggling) is answered (the app's ``400 ambiguous_framing``, or whatever comes first, e.g.
+a 401) and its connection is closed after that answer, as RFC 9112 section 6.3 requires:
+nothing after it on the connection is read as a request.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ class GuardedH11Protocol(H11Protocol):
         self._served = False
         self._refused = False
         self._idle = False  # kept alive after an answer, nothing of the next request yet
+        self._framing_checked: object = None  # the request cycle whose headers were checked
 
     # ---------------------------------------------------------------- events
 
@@ -145,6 +151,7 @@ class GuardedH11Protocol(H11Protocol):
         if self._idle:  # the next request's first byte: its headers are due from now
             self._wait_for("headers")
         super().data_received(data)
+        self._check_framing()
         self._follow_client()
 
     def on_response_complete(self) -> None:
@@ -152,7 +159,18 @@ class GuardedH11Protocol(H11Protocol):
         self._got_bytes = False
         self._served = True
         # A pipelined next request may already be complete (handled inside super()).
+        self._check_framing()
         self._follow_client()
+
+    def _check_framing(self) -> None:
+        """A new request with two body lengths: close the connection after its answer."""
+        cycle = getattr(self, "cycle", None)
+        if cycle is None or cycle is self._framing_checked:
+            return
+        self._framing_checked = cycle
+        names = {name.lower() for name, _ in cycle.scope.get("headers") or []}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            cycle.keep_alive = False
 
     def shutdown(self) -> None:
         if self._phase is h11.SEND_BODY:

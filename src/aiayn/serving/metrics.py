@@ -67,6 +67,8 @@ class ServerMetrics:
         self.queue_depth = Gauge("aiayn_queue_requests", "Requests waiting for the model.", registry=r)
         self.rejected = Counter("aiayn_queue_rejected_total", "Requests refused with 503 because the queue was full.",
                                 registry=r)
+        self.abandoned = Counter("aiayn_queue_abandoned_total",
+                                 "Requests dropped from the queue because their client disconnected.", registry=r)
         self._add_connection_metrics()
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
