@@ -66,8 +66,8 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
 ALLOWED: tuple[tuple[str, re.Pattern[str]], ...] = (
     # pytest fixtures that live for the whole test session, and the words for that session
     ("tests/*.py", re.compile(r"""\bscope\s*=\s*["']session["']""")),
-    ("tests/*.py", re.compile(r"\b(?:pytest|test) session\b")),
-    ("docs/testing.md", re.compile(r"\b(?:pytest|test) session\b|scope=\"session\"")),
+    ("tests/*.py", re.compile(r"\b(?:pytest|test) session\b|\bsession-scoped\b")),
+    ("docs/testing.md", re.compile(r"\b(?:pytest|test) session\b|scope=\"session\"|\bsession-scoped\b")),
     # library classes named Session (requests, aiohttp, TensorFlow, ONNX Runtime)
     ("*", re.compile(r"\b(?:requests|aiohttp|httpx|tf|ort|onnxruntime)\.\w*Session\b")),
     # a session in the HTTP / browser sense
