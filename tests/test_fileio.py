@@ -392,3 +392,13 @@ def test_input_referents_follow_pointers_and_links(tmp_path: Path) -> None:
     assert step in input_referents(run) and step in input_referents(link)
     assert step in input_referents(run / "checkpoints" / "last")
     assert input_referents(tmp_path / "missing") == [(tmp_path / "missing").resolve()]
+
+
+def test_the_checkpoint_names_it_follows_are_the_checkpoint_layout() -> None:
+    """fileio sits below checkpoint/, so it names a run's pointers itself; they must be the
+    names the checkpoint layout writes, or input_referents would miss an input."""
+    from aiayn import fileio
+    from aiayn.checkpoint import layout
+
+    assert set(fileio.POINTER_FILES) == {layout.LAST_POINTER, layout.BEST_POINTER}
+    assert fileio.CHECKPOINTS_SUBDIR == layout.CHECKPOINTS_DIR
