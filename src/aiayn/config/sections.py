@@ -375,6 +375,10 @@ class TrainConfig:
     # Initialise the weights of a fresh run from this checkpoint (or run directory),
     # e.g. one imported from Hugging Face; the optimizer and step start fresh.
     init_from: str | None = None
+    # How init_from's vocabulary maps onto this run's (aiayn.checkpoint.vocab_init): same (equal,
+    # the default), extend (the new vocabulary starts with the old one: ids kept) or remap
+    # (pieces matched by string). Kept pieces keep their rows; new ones get the mean row.
+    init_vocab: str = "same"
     # tqdm progress bar on an interactive terminal (log lines go to the log either way).
     progress_bar: bool = True
 
@@ -388,6 +392,7 @@ class TrainConfig:
         _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
         _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
         _choice(prefix, "max_tokens_mode", self.max_tokens_mode, ("padded", "real"))
+        _choice(prefix, "init_vocab", self.init_vocab, ("same", "extend", "remap"))
         for name in ("max_tokens", "update_freq"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
