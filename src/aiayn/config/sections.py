@@ -235,6 +235,9 @@ class DataConfig:
     # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training
     # one: needed to fine-tune a checkpoint (train.init_from) on new data.
     tokenizer_dir: str | None = None
+    # With tokenizer_dir: add this many pieces learned on the training text to that tokenizer,
+    # every old id kept (aiayn.text.extend; fine-tune with train.init_vocab: extend). 0: off.
+    extend_vocab: int = 0
     # Training-data filters (validation and test are never filtered).
     max_len: int = 256
     max_len_ratio: float = 9.0
@@ -256,6 +259,7 @@ class DataConfig:
         _check_finite(self, prefix)
         if self.vocab_size < 8:
             raise ConfigError(f"{prefix}.vocab_size: must be at least 8, got {self.vocab_size}")
+        self._validate_extension(prefix)
         if self.parsing_subtrees < 0:
             raise ConfigError(f"{prefix}.parsing_subtrees: must be 0 (off) or a number of words, "
                               f"got {self.parsing_subtrees}")
@@ -281,6 +285,13 @@ class DataConfig:
         if self.synthetic is not None:
             _choice(prefix, "synthetic", self.synthetic, ("copy", "reverse", "sort", "toy"))
         self._validate_subword_sampling(prefix)
+
+    def _validate_extension(self, prefix: str) -> None:
+        if self.extend_vocab < 0:
+            raise ConfigError(f"{prefix}.extend_vocab: must be 0 (off) or a number of pieces, got {self.extend_vocab}")
+        if self.extend_vocab and self.tokenizer_dir is None:
+            raise ConfigError(f"{prefix}.extend_vocab: extends the tokenizer of {prefix}.tokenizer_dir, "
+                              "which is not set")
 
     def _validate_subword_sampling(self, prefix: str) -> None:
         for name in ("subword_alpha_src", "subword_alpha_tgt"):

@@ -51,6 +51,7 @@ from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
+from aiayn.text.extend import extend_tokenizer
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -215,7 +216,11 @@ def _given_tokenizer(cfg: DataConfig) -> Tokenizer | None:
 
 def _tokenizer_key(cfg: DataConfig, train: Source, given: Tokenizer | None = None) -> str:
     if given is not None:  # keyed by the model files' contents, not by where they lie
-        return _digest("tokenizer", PREPARE_VERSION, [hashlib.sha256(b).hexdigest() for b in given.model_bytes()])
+        files = [hashlib.sha256(b).hexdigest() for b in given.model_bytes()]
+        if not cfg.extend_vocab:
+            return _digest("tokenizer", PREPARE_VERSION, files)
+        return _digest("tokenizer", PREPARE_VERSION, files, "extended", cfg.extend_vocab, train.tag,
+                       cfg.on_invalid_utf8, _spm_settings(cfg))
     return _digest("tokenizer", PREPARE_VERSION, train.tag, cfg.on_invalid_utf8, _spm_settings(cfg))
 
 
@@ -302,7 +307,7 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
     given = _given_tokenizer(cfg)
     tok_key = _tokenizer_key(cfg, train, given)
     tokenizer = None
-    if given is not None:
+    if given is not None and not cfg.extend_vocab:
         tokenizer = given
         tokenizer.save(tmp)
         reused["tokenizer"] = True
@@ -313,10 +318,32 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
             reused["tokenizer"] = True
         except DataError:
             tokenizer = None
+    if tokenizer is None and given is not None:
+        tokenizer = _extend(cfg, given, train, tmp)
+        reused["tokenizer"] = False
     if tokenizer is None:
         tokenizer = _train(cfg, train, tmp)
         reused["tokenizer"] = False
     return tokenizer, tok_key
+
+
+def _extend(cfg: DataConfig, given: Tokenizer, train: Source, tmp: Path) -> Tokenizer:
+    """``data.extend_vocab`` pieces learned on the training text added to the given tokenizer."""
+    log.info("extending %s's tokenizer by %d pieces learned on %s", cfg.tokenizer_dir, cfg.extend_vocab, train.name)
+
+    def side(i: int) -> Iterator[str]:
+        return (pair[i] for pair in train.open(True, ReadStats()))
+
+    try:
+        tokenizer, report = extend_tokenizer(given, side(0), side(1), cfg.extend_vocab, seed=cfg.seed,
+                                             character_coverage=cfg.character_coverage,
+                                             input_sentence_size=cfg.spm_input_sentence_size)
+    except EmptyTrainingText:
+        raise DataError(f"{train.name}: no training sentences to learn new pieces from") from None
+    for name, r in report.items():
+        log.info("%s vocabulary extended: %d -> %d pieces (%d added)", name, r["old"], r["new"], r["added"])
+    tokenizer.save(tmp)
+    return tokenizer
 
 
 def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokenizer, out: Path, tmp: Path,
@@ -362,6 +389,7 @@ def _summary(cfg: DataConfig, sources: dict[str, Source], tokenizer: Tokenizer, 
         "tgt_vocab_size": tokenizer.tgt_vocab_size,
         "joint_vocab": tokenizer.joint,
         "tokenizer_files": tokenizer.model_files,
+        "extended_vocab": _extension_report(cfg, tokenizer),
         "spm": _spm_settings(cfg),
         "filters": dataclasses.asdict(_filters(cfg)),
         "on_invalid_utf8": cfg.on_invalid_utf8,
@@ -371,6 +399,17 @@ def _summary(cfg: DataConfig, sources: dict[str, Source], tokenizer: Tokenizer, 
         "time_s": {k: round(v, 3) for k, v in timings.items()},
         "config": dataclasses.asdict(cfg),
     }
+
+
+def _extension_report(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, Any] | None:
+    """With data.extend_vocab: per model, the given tokenizer's size and the size now."""
+    given = _given_tokenizer(cfg) if cfg.extend_vocab else None
+    if given is None:
+        return None
+    sides = {"joint": (given.src_vocab_size, tokenizer.src_vocab_size)} if tokenizer.joint else {
+        "source": (given.src_vocab_size, tokenizer.src_vocab_size),
+        "target": (given.tgt_vocab_size, tokenizer.tgt_vocab_size)}
+    return {"asked": cfg.extend_vocab, **{k: {"old": o, "new": n, "added": n - o} for k, (o, n) in sides.items()}}
 
 
 def ensure_prepared(cfg: DataConfig, out_dir: str | os.PathLike) -> Path:

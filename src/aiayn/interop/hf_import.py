@@ -11,7 +11,7 @@ with the reason.
 same row (OPUS-MT), aiayn's PAD (id 0) is a new all-zero row whose output bias is
 :data:`PAD_LOGIT_BIAS`, so that its probability is exactly 0 in float32 and the softmax
 over the Marian rows is unchanged. The SentencePiece models are rewritten with pieces in
-aiayn's id order (:mod:`aiayn.interop.spm_proto`), so the imported checkpoint carries an
+aiayn's id order (:mod:`aiayn.text.spm_proto`), so the imported checkpoint carries an
 ordinary aiayn tokenizer.
 """
 
@@ -34,10 +34,10 @@ from aiayn.checkpoint.directory import save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.errors import InteropError
 from aiayn.fileio import check_empty_dir
-from aiayn.interop import spm_proto
 from aiayn.interop.marian_format import HF_LAYER_NORM_EPS, require, tensor_map
-from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
 from aiayn.model import Transformer, build_model
+from aiayn.text import spm_proto
+from aiayn.text.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
 
