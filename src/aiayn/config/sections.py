@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,10 @@ class DataConfig:
     data_dir: str | None = None
     src_lang: str = "en"
     tgt_lang: str = "de"
+    # Multilingual models (OPUS-MT's convention): every source sequence starts with the
+    # target-language tag >>tgt_lang<<, a control piece of the source vocabulary; at
+    # translation time --tgt-lang (decode.tgt_lang) picks another language of the vocabulary.
+    tgt_lang_tag: bool = False
     # The output of `aiayn prepare`: tokenizer model(s), binarized splits, summary.json.
     prepared_dir: str | None = None
     train_src: str | None = None
@@ -499,6 +504,11 @@ class DecodeConfig:
     top_k: int = decode_option(0, "sample among the k most probable tokens (0 = all)")
     top_p: float = decode_option(1.0, "nucleus sampling threshold (1 = off)")
     seed: int = decode_option(0, "sampling seed")
+    tgt_lang: str = decode_option(
+        "", "target language of a multilingual model: the source starts with its tag >>xx<< "
+            "(default: the checkpoint's data.tgt_lang when it was trained with data.tgt_lang_tag)",
+        http=HttpField(ge=None, le=None, position=9,
+                       description="target language of a multilingual model (its tag >>xx<< starts the source)"))
 
     def validate(self, prefix: str = "decode") -> None:
         _check_finite(self, prefix)
@@ -515,6 +525,8 @@ class DecodeConfig:
             raise ConfigError(f"{prefix}.top_p: must be in (0, 1]")
         if self.top_k < 0 or self.no_repeat_ngram_size < 0 or self.batch_tokens < 1:
             raise ConfigError(f"{prefix}.top_k / no_repeat_ngram_size / batch_tokens: out of range")
+        if self.tgt_lang and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", self.tgt_lang):
+            raise ConfigError(f"{prefix}.tgt_lang: a language code (letters, digits, _ and -), got {self.tgt_lang!r}")
 
     def with_overrides(self, **overrides: Any) -> DecodeConfig:
         """A validated copy with ``overrides`` applied; a None value keeps this config's value.

@@ -51,8 +51,8 @@ from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
-from aiayn.text.extend import extend_tokenizer
-from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, train_tokenizer
+from aiayn.text.extend import add_source_controls, extend_tokenizer
+from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def _filters(cfg: DataConfig) -> FilterConfig:
 
 def _spm_settings(cfg: DataConfig) -> dict[str, Any]:
     word = cfg.synthetic is not None and cfg.dataset is None
-    return dict(
+    settings = dict(
         joint=cfg.joint_vocab,
         model_type="word" if word else cfg.spm_model_type,
         tgt_model_type=None if word else cfg.tgt_spm_model_type,
@@ -198,6 +198,14 @@ def _spm_settings(cfg: DataConfig) -> dict[str, Any]:
         input_sentence_size=cfg.spm_input_sentence_size,
         seed=cfg.seed,
     )
+    if cfg.tgt_lang_tag:  # only then: the keys of untagged directories stay what they were
+        settings["src_control_symbols"] = _source_tags(cfg)
+    return settings
+
+
+def _source_tags(cfg: DataConfig) -> list[str]:
+    """The control pieces the source vocabulary needs: the target-language tag, if on."""
+    return [lang_tag(cfg.tgt_lang)] if cfg.tgt_lang_tag else []
 
 
 def _digest(*parts: Any) -> str:
@@ -217,6 +225,8 @@ def _given_tokenizer(cfg: DataConfig) -> Tokenizer | None:
 def _tokenizer_key(cfg: DataConfig, train: Source, given: Tokenizer | None = None) -> str:
     if given is not None:  # keyed by the model files' contents, not by where they lie
         files = [hashlib.sha256(b).hexdigest() for b in given.model_bytes()]
+        if cfg.tgt_lang_tag:
+            files.append(f"tags:{_source_tags(cfg)}")
         if not cfg.extend_vocab:
             return _digest("tokenizer", PREPARE_VERSION, files)
         return _digest("tokenizer", PREPARE_VERSION, files, "extended", cfg.extend_vocab, train.tag,
@@ -308,9 +318,9 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
     tok_key = _tokenizer_key(cfg, train, given)
     tokenizer = None
     if given is not None and not cfg.extend_vocab:
-        tokenizer = given
+        tokenizer = add_source_controls(given, _source_tags(cfg))
         tokenizer.save(tmp)
-        reused["tokenizer"] = True
+        reused["tokenizer"] = tokenizer is given
     elif old.get("tokenizer_key") == tok_key:
         try:
             tokenizer = Tokenizer.load(out)
@@ -342,6 +352,7 @@ def _extend(cfg: DataConfig, given: Tokenizer, train: Source, tmp: Path) -> Toke
         raise DataError(f"{train.name}: no training sentences to learn new pieces from") from None
     for name, r in report.items():
         log.info("%s vocabulary extended: %d -> %d pieces (%d added)", name, r["old"], r["new"], r["added"])
+    tokenizer = add_source_controls(tokenizer, _source_tags(cfg))
     tokenizer.save(tmp)
     return tokenizer
 
@@ -351,7 +362,11 @@ def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokeni
     """One binarized split in ``tmp``, reused from ``out`` when its key (inputs, tokenizer,
     filters) did not change; returns its entry of the summary."""
     filters = _filters(cfg) if role == "train" else None
-    key = cache_key([source.tag], tokenizer, filters, on_invalid_utf8=cfg.on_invalid_utf8)
+    extra: dict[str, Any] = {"on_invalid_utf8": cfg.on_invalid_utf8}
+    if cfg.tgt_lang_tag:  # every source sequence starts with the target-language tag
+        tokenizer = tokenizer.tagged(cfg.tgt_lang)
+        extra["src_tag"] = tokenizer.src_tag
+    key = cache_key([source.tag], tokenizer, filters, **extra)
     dataset = None
     if read_key(out / role) == key and (role == "train" or _has_text(out, role)):
         try:
@@ -456,18 +471,19 @@ def _train_tokenizer(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
         src_syms = {w for s, _ in pairs for w in s.split()}
         tgt_syms = {w for _, t in pairs for w in t.split()}
         specials = 4
-        vocab = len(src_syms | tgt_syms) + specials if cfg.joint_vocab else len(src_syms) + specials
+        tags = _source_tags(cfg)
+        vocab = (len(src_syms | tgt_syms) if cfg.joint_vocab else len(src_syms)) + specials + len(tags)
         return train_tokenizer([s for s, _ in pairs], [t for _, t in pairs], tmp, vocab,
                                joint=cfg.joint_vocab, model_type="word",
                                tgt_vocab_size=len(tgt_syms) + specials, seed=cfg.seed,
-                               input_sentence_size=0)
+                               input_sentence_size=0, src_control_symbols=tags)
     log.info("training SentencePiece (%s, vocabulary %d%s)", settings["model_type"], cfg.vocab_size,
              ", joint" if cfg.joint_vocab else "")
     return train_tokenizer(
         _ReadAfreshEachPass(lambda: side(0)), _ReadAfreshEachPass(lambda: side(1)), tmp, cfg.vocab_size,
         joint=cfg.joint_vocab, character_coverage=cfg.character_coverage, model_type=cfg.spm_model_type,
         input_sentence_size=cfg.spm_input_sentence_size, tgt_vocab_size=cfg.tgt_vocab_size,
-        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed)
+        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed, src_control_symbols=_source_tags(cfg))
 
 
 class _ReadAfreshEachPass:

@@ -42,6 +42,7 @@ from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, search
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
+from aiayn.text.tokenizer import lang_tag
 from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID
 
 log = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ class Translator:
             progress(len(texts) - len(todo))
         if not todo:
             return results
-        self._encode_sources(texts, todo, results, first_number)
+        self._encode_sources(texts, todo, results, first_number, self.source_tokenizer(cfg))
         prefix_ids = self._encode_prefixes(prefixes, todo)
         for batch in self._batches(todo, [len(results[i].src_tokens) for i in todo], cfg.batch_tokens):
             src = _pad([results[i].src_tokens for i in batch]).to(self.device)
@@ -306,10 +307,26 @@ class Translator:
                 progress(len(batch))
         return results
 
+    def source_tokenizer(self, cfg: DecodeConfig) -> Any:
+        """The tokenizer that encodes the sources under ``cfg``: with the target-language tag
+        of ``cfg.tgt_lang``, else of the checkpoint's ``data.tgt_lang`` when it was trained
+        with ``data.tgt_lang_tag``, else none (the tokenizer as given)."""
+        data = self.config.data
+        lang = cfg.tgt_lang or (data.tgt_lang if data.tgt_lang_tag else "")
+        if not lang:
+            return self.tokenizer
+        tag = lang_tag(lang)
+        if not hasattr(self.tokenizer, "tagged") or not self.tokenizer.has_src_piece(tag):
+            tags = self.tokenizer.lang_tags() if hasattr(self.tokenizer, "lang_tags") else []
+            known = f"its languages: {', '.join(t[2:-2] for t in tags)}" if tags else "it has no language tags"
+            raise ConfigError(f"decode.tgt_lang: the model's source vocabulary has no tag {tag} ({known})")
+        return self.tokenizer.tagged(lang)
+
     def _encode_sources(self, texts: Sequence[str], todo: list[int], results: list[TranslationResult],
-                        first_number: int = 1) -> None:
+                        first_number: int = 1, tokenizer: Any = None) -> None:
         """Each text's source ids (EOS included), cut to the model's positions with a warning."""
-        src_ids = self.tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
+        tokenizer = self.tokenizer if tokenizer is None else tokenizer
+        src_ids = tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
         for n, i in enumerate(todo):
             ids = src_ids[n]
             if self.max_src_len is not None and len(ids) > self.max_src_len:

@@ -219,7 +219,9 @@ def build_trainer(cfg: Config, run_dir: Path, info: DistInfo, device: torch.devi
     init_report: dict[str, Any] = {}
     model = _build_model(cfg, resume_from, info, data.tokenizer, init_report).to(device)
     optimizer = build_optimizer(model, cfg.train, device)
-    bleu = validation_bleu(data.valid_text, data.tokenizer, cfg.decode, device) if cfg.train.valid_bleu else None
+    # Validation sources start with the target-language tag, as the training sources do.
+    valid_tokenizer = data.tokenizer.tagged(cfg.data.tgt_lang) if cfg.data.tgt_lang_tag else data.tokenizer
+    bleu = validation_bleu(data.valid_text, valid_tokenizer, cfg.decode, device) if cfg.train.valid_bleu else None
     trainer = Trainer(cfg, model, run_dir, train_batches=data.train, valid_batches=data.valid,
                       tokenizer=data.tokenizer, device=device, dist_info=info, optimizer=optimizer, bleu=bleu)
     if resume_from is not None:

@@ -117,3 +117,18 @@ def extend_tokenizer(tokenizer: Tokenizer, src_texts: Iterable[str], tgt_texts: 
     tok = Tokenizer(_processor(sp, "extended source model"), _processor(tp, "extended target model"),
                     src_proto=sp, tgt_proto=tp)
     return tok, {"source": src_ext.report(), "target": tgt_ext.report()}
+
+
+def add_source_controls(tokenizer: Tokenizer, pieces: list[str]) -> Tokenizer:
+    """``tokenizer`` with the ``pieces`` its source (joint) model lacks appended as control
+    pieces (never produced by encoding text; e.g. target-language tags), every old id kept."""
+    missing = [p for p in pieces if not tokenizer.has_src_piece(p)]
+    if not missing:
+        return tokenizer
+    protos = tokenizer.model_bytes()
+    src = spm_proto.append_pieces(protos[0], [Piece(p, 0.0, spm_proto.CONTROL) for p in missing])
+    log.info("added %s to the source vocabulary", ", ".join(missing))
+    if tokenizer.joint:
+        return Tokenizer(_processor(src, "tagged model"), src_proto=src)
+    return Tokenizer(_processor(src, "tagged source model"), _processor(protos[1], "target model"),
+                     src_proto=src, tgt_proto=protos[1])
