@@ -377,3 +377,22 @@ def test_multilingual_model_keeps_its_target_language_tags(tmp_path: Path, helpe
     assert hf_back(f">>spa<< {texts[0]}").input_ids == ids
     back = load_checkpoint(import_hf(out, tmp_path / "back"))
     assert back.config.data.tgt_lang_tag is True and back.tokenizer.lang_tags() == list(tags)
+
+
+def test_multilingual_model_on_ctranslate2(tmp_path: Path, helpers) -> None:
+    """The CTranslate2 backend puts the same tag before the source as aiayn's translator."""
+    pytest.importorskip("ctranslate2")
+    from aiayn.interop.ct2_translator import CTranslate2Translator
+    from aiayn.interop.ctranslate2 import export_ctranslate2
+
+    src, tgt = helpers.toy_pairs(300, seed=22)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt, lang_tags=(">>fra<<", ">>spa<<"))
+    ckpt = import_hf(hf_dir, tmp_path / "ckpt")
+    ours = Translator.from_checkpoint(ckpt)
+    ct2 = CTranslate2Translator(export_ctranslate2(ckpt, tmp_path / "ct2"), threads=1)
+    texts = src[:8]
+    for lang in ("fra", "spa"):
+        assert ct2.translate(texts, beam=1, tgt_lang=lang) == ours.translate(texts, beam=1, tgt_lang=lang)
+    assert ct2.translate(texts, beam=1, tgt_lang="fra") != ct2.translate(texts, beam=1, tgt_lang="spa")
+    with pytest.raises(Exception, match="no tag >>ita<<"):
+        ct2.translate(texts[:1], tgt_lang="ita")
