@@ -34,8 +34,13 @@ def test_tagged_tokenizer_prepends_the_tag_id(tok):
     assert tok.tagged("fr").encode_src_batch(["the red house"]) == [[fr] + plain]
     assert tok.tagged("de").tagged(None).encode_src("the red house") == plain
     assert tok.decode_src(tok.tagged("de").encode_src("the red house")) == "the red house"
-    # Text that spells a tag is not the tag: control pieces come from ids only.
-    assert de not in tok.encode_src(">>de<< the red house")
+    # A text may start with its own tag (as Marian's tokenizer reads it): it wins over the
+    # tokenizer's; elsewhere, or a tag the vocabulary lacks, it is text.
+    assert tok.encode_src(">>de<< the red house") == [de] + plain
+    assert tok.tagged("fr").encode_src_batch(["  >>de<<  the red house", "the red house"]) == [
+        [de] + plain, [fr] + plain]
+    assert de not in tok.encode_src("the >>de<< red house")
+    assert tok.encode_src(">>it<< the red house")[:-1] != plain
     assert pickle.loads(pickle.dumps(tok.tagged("fr"))).encode_src("the red house") == [fr] + plain
     with pytest.raises(DataError, match=r"no target-language tag >>it<< \(it has >>de<<, >>fr<<\)"):
         tok.tagged("it")
@@ -70,6 +75,22 @@ def test_prepare_tags_every_source_and_adds_a_missing_tag_to_a_given_tokenizer(t
     assert int(load_split(tmp_path / "fr", "train")[0][0][0]) == n
 
 
+def test_prepare_a_corpus_whose_sources_carry_their_own_tags(tmp_path):
+    """Mixed target languages in one corpus (OPUS-MT's training data): each source line
+    starts with its tag; the lines without one get data.tgt_lang's."""
+    src = [f">>fr<< {s}" if k % 2 else s for k, s in enumerate(SRC)]
+    cfg = DataConfig(train_src=write(tmp_path / "t.en", src), train_tgt=write(tmp_path / "t.de", TGT),
+                     vocab_size=60, tgt_lang="de", tgt_lang_tag=True)
+    prepare_data(cfg, tmp_path / "mixed", progress=False)
+    tok = load_tokenizer(tmp_path / "mixed")
+    assert tok.lang_tags() == [">>de<<", ">>fr<<"]
+    pieces = tok.src_pieces(range(tok.src_vocab_size))
+    assert not any(">>" in p or "<<" in p for p in pieces if p not in (">>de<<", ">>fr<<"))  # tags are not text
+    split = load_split(tmp_path / "mixed", "train")
+    firsts = [pieces[int(split[i][0][0])] for i in range(len(split))]
+    assert firsts == [">>fr<<" if k % 2 else ">>de<<" for k in range(len(SRC))]
+
+
 def _translator(tok, **data) -> Translator:
     model = build_model(ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
                                     src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
@@ -87,6 +108,8 @@ def test_translator_tags_the_sources_by_tgt_lang(tok):
     assert src(tagged, tgt_lang="fr") == [fr] + plain
     untagged = _translator(tok)
     assert src(untagged) == plain and src(untagged, tgt_lang="fr") == [fr] + plain
+    # A line's own tag wins (translate input as Marian's: ">>fr<< text").
+    assert tagged.translate_detailed([">>fr<< the red house"], max_len_b=3)[0].src_tokens == [fr] + plain
     with pytest.raises(ConfigError, match=r"no tag >>it<< \(its languages: de, fr\)"):
         untagged.translate(["the red house"], tgt_lang="it")
     with pytest.raises(ConfigError, match="decode.tgt_lang: a language code"):

@@ -52,7 +52,7 @@ from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
 from aiayn.text.extend import add_source_controls, extend_tokenizer
-from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, train_tokenizer
+from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, leading_tag, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -203,9 +203,15 @@ def _spm_settings(cfg: DataConfig) -> dict[str, Any]:
     return settings
 
 
-def _source_tags(cfg: DataConfig) -> list[str]:
-    """The control pieces the source vocabulary needs: the target-language tag, if on."""
-    return [lang_tag(cfg.tgt_lang)] if cfg.tgt_lang_tag else []
+def _source_tags(cfg: DataConfig, train: Source | None = None) -> list[str]:
+    """The control pieces the source vocabulary needs with data.tgt_lang_tag: the tag of
+    data.tgt_lang and (given ``train``) those its sources start with, sorted."""
+    if not cfg.tgt_lang_tag:
+        return []
+    tags = {lang_tag(cfg.tgt_lang)}
+    if train is not None:
+        tags.update(t for s, _ in train.open(True, ReadStats()) if (t := leading_tag(s)))
+    return sorted(tags)
 
 
 def _digest(*parts: Any) -> str:
@@ -226,7 +232,7 @@ def _tokenizer_key(cfg: DataConfig, train: Source, given: Tokenizer | None = Non
     if given is not None:  # keyed by the model files' contents, not by where they lie
         files = [hashlib.sha256(b).hexdigest() for b in given.model_bytes()]
         if cfg.tgt_lang_tag:
-            files.append(f"tags:{_source_tags(cfg)}")
+            files.append(f"tags:{_source_tags(cfg)}:{train.tag}")  # and those of the sources
         if not cfg.extend_vocab:
             return _digest("tokenizer", PREPARE_VERSION, files)
         return _digest("tokenizer", PREPARE_VERSION, files, "extended", cfg.extend_vocab, train.tag,
@@ -318,7 +324,7 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
     tok_key = _tokenizer_key(cfg, train, given)
     tokenizer = None
     if given is not None and not cfg.extend_vocab:
-        tokenizer = add_source_controls(given, _source_tags(cfg))
+        tokenizer = add_source_controls(given, _source_tags(cfg, train))
         tokenizer.save(tmp)
         reused["tokenizer"] = tokenizer is given
     elif old.get("tokenizer_key") == tok_key:
@@ -341,9 +347,7 @@ def _extend(cfg: DataConfig, given: Tokenizer, train: Source, tmp: Path) -> Toke
     """``data.extend_vocab`` pieces learned on the training text added to the given tokenizer."""
     log.info("extending %s's tokenizer by %d pieces learned on %s", cfg.tokenizer_dir, cfg.extend_vocab, train.name)
 
-    def side(i: int) -> Iterator[str]:
-        return (pair[i] for pair in train.open(True, ReadStats()))
-
+    side = _sides(cfg, train)
     try:
         tokenizer, report = extend_tokenizer(given, side(0), side(1), cfg.extend_vocab, seed=cfg.seed,
                                              character_coverage=cfg.character_coverage,
@@ -352,7 +356,7 @@ def _extend(cfg: DataConfig, given: Tokenizer, train: Source, tmp: Path) -> Toke
         raise DataError(f"{train.name}: no training sentences to learn new pieces from") from None
     for name, r in report.items():
         log.info("%s vocabulary extended: %d -> %d pieces (%d added)", name, r["old"], r["new"], r["added"])
-    tokenizer = add_source_controls(tokenizer, _source_tags(cfg))
+    tokenizer = add_source_controls(tokenizer, _source_tags(cfg, train))
     tokenizer.save(tmp)
     return tokenizer
 
@@ -461,17 +465,15 @@ def _train(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
 
 def _train_tokenizer(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
     settings = _spm_settings(cfg)
-
-    def side(i: int) -> Iterator[str]:
-        return (pair[i] for pair in train.open(True, ReadStats()))
+    side = _sides(cfg, train)
 
     if settings["model_type"] == "word":
         # Synthetic: a word model with every symbol (each one token), nothing unknown.
-        pairs = list(train.open(True, ReadStats()))
+        pairs = list(zip(side(0), side(1)))
         src_syms = {w for s, _ in pairs for w in s.split()}
         tgt_syms = {w for _, t in pairs for w in t.split()}
         specials = 4
-        tags = _source_tags(cfg)
+        tags = _source_tags(cfg, train)
         vocab = (len(src_syms | tgt_syms) if cfg.joint_vocab else len(src_syms)) + specials + len(tags)
         return train_tokenizer([s for s, _ in pairs], [t for _, t in pairs], tmp, vocab,
                                joint=cfg.joint_vocab, model_type="word",
@@ -483,7 +485,26 @@ def _train_tokenizer(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
         _ReadAfreshEachPass(lambda: side(0)), _ReadAfreshEachPass(lambda: side(1)), tmp, cfg.vocab_size,
         joint=cfg.joint_vocab, character_coverage=cfg.character_coverage, model_type=cfg.spm_model_type,
         input_sentence_size=cfg.spm_input_sentence_size, tgt_vocab_size=cfg.tgt_vocab_size,
-        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed, src_control_symbols=_source_tags(cfg))
+        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed, src_control_symbols=_source_tags(cfg, train))
+
+
+def _sides(cfg: DataConfig, train: Source) -> Callable[[int], Iterator[str]]:
+    """``side(i)``: the training sources (0) or targets (1), read afresh; with
+    data.tgt_lang_tag the sources without the tag they start with (a control piece:
+    SentencePiece learns pieces of the text only)."""
+
+    def side(i: int) -> Iterator[str]:
+        texts = (pair[i] for pair in train.open(True, ReadStats()))
+        if i == 0 and cfg.tgt_lang_tag:
+            return (_without_tag(s) for s in texts)
+        return texts
+
+    return side
+
+
+def _without_tag(text: str) -> str:
+    tag = leading_tag(text)
+    return text.lstrip()[len(tag):].lstrip() if tag else text
 
 
 class _ReadAfreshEachPass:

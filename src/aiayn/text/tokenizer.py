@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 
 _LANG_TAG = re.compile(r"^>>[^\s<>]+<<$")
+_LEADING_TAG = re.compile(r"^\s*(>>[^\s<>]+<<)(?:\s+|$)")
 
 
 def lang_tag(lang: str) -> str:
@@ -55,6 +56,12 @@ def lang_tag(lang: str) -> str:
 
 def is_lang_tag(piece: str) -> bool:
     return bool(_LANG_TAG.match(piece))
+
+
+def leading_tag(text: str) -> str | None:
+    """The target-language tag ``text`` starts with (``>>fr<< Bonjour`` -> ``>>fr<<``), if any."""
+    match = _LEADING_TAG.match(text)
+    return match.group(1) if match else None
 
 
 class EmptyTrainingText(DataError):
@@ -125,8 +132,20 @@ class Tokenizer:
 
     def encode_src(self, text: str) -> list[int]:
         """Piece ids of ``text`` followed by EOS (the encoder sees where the sentence ends),
-        after the target-language tag of a :meth:`tagged` tokenizer."""
-        return self._src_prefix + self._src.encode(text) + [EOS_ID]
+        after a target-language tag: the text's own (see :meth:`split_tag`), else that of a
+        :meth:`tagged` tokenizer."""
+        prefix, rest = self.split_tag(text)
+        return prefix + self._src.encode(rest) + [EOS_ID]
+
+    def split_tag(self, text: str) -> tuple[list[int], str]:
+        """(tag id(s), the rest of ``text``): a text that starts with a target-language tag
+        of the source vocabulary (``>>fr<< Bonjour``, as Marian's tokenizer reads it) gives
+        that tag's id and the text after it; any other text, this tokenizer's own tag (none
+        unless :meth:`tagged`) and the text unchanged."""
+        match = _LEADING_TAG.match(text)
+        if match and self.has_src_piece(match.group(1)):
+            return [self._src.piece_to_id(match.group(1))], text[match.end():]
+        return self._src_prefix, text
 
     def encode_tgt(self, text: str) -> list[int]:
         """Piece ids only: collation adds BOS (decoder input) and EOS (decoder output)."""
@@ -134,8 +153,9 @@ class Tokenizer:
 
     def encode_src_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """:meth:`encode_src` over many sentences, multi-threaded inside SentencePiece."""
-        prefix = self._src_prefix
-        return [prefix + ids + [EOS_ID] for ids in self._src.encode(list(texts), num_threads=_threads(num_threads))]
+        split = [self.split_tag(t) for t in texts]
+        encoded = self._src.encode([rest for _, rest in split], num_threads=_threads(num_threads))
+        return [prefix + ids + [EOS_ID] for (prefix, _), ids in zip(split, encoded)]
 
     def encode_tgt_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """:meth:`encode_tgt` over many sentences, multi-threaded inside SentencePiece."""
