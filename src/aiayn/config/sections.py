@@ -243,6 +243,11 @@ class DataConfig:
     # With tokenizer_dir: add this many pieces learned on the training text to that tokenizer,
     # every old id kept (aiayn.text.extend; fine-tune with train.init_vocab: extend). 0: off.
     extend_vocab: int = 0
+    # Vocabulary shortlist (aiayn.text.shortlist; decode with --shortlist): for each source
+    # piece, the shortlist_k target pieces most associated with it in the training pairs, plus
+    # the shortlist_frequent most frequent target pieces. 0: none is built.
+    shortlist_k: int = 0
+    shortlist_frequent: int = 100
     # Training-data filters (validation and test are never filtered).
     max_len: int = 256
     max_len_ratio: float = 9.0
@@ -292,6 +297,8 @@ class DataConfig:
         self._validate_subword_sampling(prefix)
 
     def _validate_extension(self, prefix: str) -> None:
+        if self.shortlist_k < 0 or self.shortlist_frequent < 0:
+            raise ConfigError(f"{prefix}.shortlist_k / shortlist_frequent: must not be negative")
         if self.extend_vocab < 0:
             raise ConfigError(f"{prefix}.extend_vocab: must be 0 (off) or a number of pieces, got {self.extend_vocab}")
         if self.extend_vocab and self.tokenizer_dir is None:
@@ -504,6 +511,11 @@ class DecodeConfig:
     top_k: int = decode_option(0, "sample among the k most probable tokens (0 = all)")
     top_p: float = decode_option(1.0, "nucleus sampling threshold (1 = off)")
     seed: int = decode_option(0, "sampling seed")
+    shortlist: bool = decode_option(
+        False, "score only the batch's vocabulary shortlist (the lists of its source pieces and the most "
+               "frequent pieces; the checkpoint needs one: prepare with data.shortlist_k)",
+        http=HttpField(ge=None, le=None, position=10,
+                       description="score only the batch's vocabulary shortlist (faster; needs one in the checkpoint)"))
     tgt_lang: str = decode_option(
         "", "target language of a multilingual model: the source starts with its tag >>xx<< "
             "(default: the checkpoint's data.tgt_lang when it was trained with data.tgt_lang_tag)",

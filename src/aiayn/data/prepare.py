@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aiayn.config import DataConfig
 from aiayn.data import datasets as ds
 from aiayn.data.binarize import (
@@ -52,6 +54,7 @@ from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
 from aiayn.text.extend import add_source_controls, extend_tokenizer
+from aiayn.text.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, leading_tag, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -245,7 +248,9 @@ def input_key(cfg: DataConfig, sources: dict[str, Source]) -> str:
     return _digest("prepared", PREPARE_VERSION, FORMAT_VERSION, {r: s.tag for r, s in sources.items()},
                    _spm_settings(cfg), dataclasses.asdict(_filters(cfg)), cfg.on_invalid_utf8,
                    cfg.src_lang, cfg.tgt_lang,
-                   _tokenizer_key(cfg, sources["train"], _given_tokenizer(cfg)) if cfg.tokenizer_dir else None)
+                   _tokenizer_key(cfg, sources["train"], _given_tokenizer(cfg)) if cfg.tokenizer_dir else None,
+                   *([("shortlist", cfg.shortlist_k, cfg.shortlist_frequent, SHORTLIST_SAMPLE)]
+                     if cfg.shortlist_k else []))
 
 
 # ------------------------------------------------------------------------ prepare
@@ -293,6 +298,9 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
             t = time.perf_counter()
             splits[role] = _prepare_split(cfg, role, source, tokenizer, out, tmp, reused)
             timings[role] = time.perf_counter() - t
+        t = time.perf_counter()
+        _prepare_shortlist(cfg, tokenizer, tmp)
+        timings["shortlist"] = time.perf_counter() - t
         summary = _summary(cfg, sources, tokenizer, tok_key, splits, reused, timings)
         summary.update(extra_summary or {})
         for name, path in (extra_files or {}).items():
@@ -361,6 +369,27 @@ def _extend(cfg: DataConfig, given: Tokenizer, train: Source, tmp: Path) -> Toke
     return tokenizer
 
 
+SHORTLIST_SAMPLE = 200_000  # training pairs the shortlist is counted on, at most (seeded draw)
+
+
+def _prepare_shortlist(cfg: DataConfig, tokenizer: Tokenizer, tmp: Path) -> None:
+    """``data.shortlist_k``: the shortlist of the binarized training pairs, saved with the
+    tokenizer; else none (a reused or given tokenizer's is dropped: it belongs to other data)."""
+    tokenizer.shortlist = None
+    (tmp / SHORTLIST_FILE).unlink(missing_ok=True)
+    if not cfg.shortlist_k:
+        return
+    train = TokenDataset(tmp / "train")
+    n = len(train)
+    indices = range(n) if n <= SHORTLIST_SAMPLE else sorted(
+        np.random.default_rng(cfg.seed).choice(n, SHORTLIST_SAMPLE, replace=False).tolist())
+    tokenizer.shortlist = build_shortlist((train[i] for i in indices), tokenizer.src_vocab_size,
+                                          tokenizer.tgt_vocab_size, cfg.shortlist_k, cfg.shortlist_frequent)
+    tokenizer.save(tmp)
+    log.info("shortlist: %d target pieces per source piece, %d frequent ones", cfg.shortlist_k,
+             len(tokenizer.shortlist.frequent))
+
+
 def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokenizer, out: Path, tmp: Path,
                    reused: dict[str, bool]) -> dict[str, Any]:
     """One binarized split in ``tmp``, reused from ``out`` when its key (inputs, tokenizer,
@@ -409,6 +438,7 @@ def _summary(cfg: DataConfig, sources: dict[str, Source], tokenizer: Tokenizer, 
         "joint_vocab": tokenizer.joint,
         "tokenizer_files": tokenizer.model_files,
         "extended_vocab": _extension_report(cfg, tokenizer),
+        "shortlist": {"k": cfg.shortlist_k, "frequent": cfg.shortlist_frequent} if cfg.shortlist_k else None,
         "spm": _spm_settings(cfg),
         "filters": dataclasses.asdict(_filters(cfg)),
         "on_invalid_utf8": cfg.on_invalid_utf8,
@@ -446,6 +476,8 @@ def ensure_prepared(cfg: DataConfig, out_dir: str | os.PathLike) -> Path:
 
 def _complete(out: Path, summary: dict[str, Any]) -> bool:
     if not all((out / f).is_file() for f in summary.get("tokenizer_files", [])):
+        return False
+    if summary.get("shortlist") and not (out / SHORTLIST_FILE).is_file():
         return False
     return all((out / role / "meta.json").is_file() and (role == "train" or _has_text(out, role))
                for role in summary.get("splits", {}))

@@ -40,6 +40,7 @@ from aiayn.inference.compiled import CompiledDecoder
 from aiayn.inference.constraints import Constraint
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, search
+from aiayn.inference.shortlist import ShortlistDecoder
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
 from aiayn.text.tokenizer import lang_tag
@@ -297,7 +298,8 @@ class Translator:
         for batch in self._batches(todo, [len(results[i].src_tokens) for i in todo], cfg.batch_tokens):
             src = _pad([results[i].src_tokens for i in batch]).to(self.device)
             prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
-            hyps = search(self.decoder, src, cfg, prefix=prefix, need_attn=attention,
+            decoder = self._shortlisted(src, prefix) if cfg.shortlist else self.decoder
+            hyps = search(decoder, src, cfg, prefix=prefix, need_attn=attention,
                           pad=PAD_ID, bos=BOS_ID, eos=EOS_ID,
                           constraint=constraint_for(batch) if constraint_for is not None else None)
             for i, per_sent in zip(batch, hyps):
@@ -306,6 +308,16 @@ class Translator:
             if progress is not None:
                 progress(len(batch))
         return results
+
+    def _shortlisted(self, src: Tensor, prefix: list[list[int]] | None) -> ShortlistDecoder:
+        """The decoder restricted to the batch's shortlist (and its forced prefixes' ids)."""
+        shortlist = getattr(self.tokenizer, "shortlist", None)
+        if shortlist is None:
+            raise ConfigError("decode.shortlist: the checkpoint has no vocabulary shortlist (prepare its data "
+                              "with data.shortlist_k)")
+        extra = [i for p in prefix or [] for i in p]
+        rows = shortlist.rows(src.flatten().cpu(), extra).to(self.device)
+        return ShortlistDecoder(self.decoder, rows, int(self.tokenizer.tgt_vocab_size))
 
     def source_tokenizer(self, cfg: DecodeConfig) -> Any:
         """The tokenizer that encodes the sources under ``cfg``: with the target-language tag

@@ -40,6 +40,7 @@ import sentencepiece as spm
 
 from aiayn.errors import DataError
 from aiayn.fileio import write_atomic
+from aiayn.text.shortlist import SHORTLIST_FILE, Shortlist
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,9 @@ class Tokenizer:
         # The target-language tag every source sequence starts with (see tagged()).
         self._src_prefix: list[int] = []
         self.src_tag: str | None = None
+        # The vocabulary shortlist of the training data, if prepare built one (saved beside
+        # the model files: every checkpoint carries it).
+        self.shortlist: Shortlist | None = None
 
     # ------------------------------------------------------------------ language tags
 
@@ -210,6 +214,8 @@ class Tokenizer:
             path = directory / name
             write_atomic(path, data)
             paths.append(path)
+        if self.shortlist is not None:
+            write_atomic(directory / SHORTLIST_FILE, self.shortlist.to_bytes())
         return paths
 
     @classmethod
@@ -217,19 +223,25 @@ class Tokenizer:
         """Load ``directory/spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model``."""
         directory = Path(directory)
         joint = directory / JOINT_MODEL
+        src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
         if joint.is_file():
             proto = _read_model(joint)
-            return cls(_processor(proto, joint), src_proto=proto)
-        src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
-        if src.is_file() and tgt.is_file():
+            tok = cls(_processor(proto, joint), src_proto=proto)
+        elif src.is_file() and tgt.is_file():
             sp, tp = _read_model(src), _read_model(tgt)
-            return cls(_processor(sp, src), _processor(tp, tgt), src_proto=sp, tgt_proto=tp)
-        raise DataError(
-            f"{directory}: no tokenizer found (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
+            tok = cls(_processor(sp, src), _processor(tp, tgt), src_proto=sp, tgt_proto=tp)
+        else:
+            raise DataError(
+                f"{directory}: no tokenizer found (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
+        shortlist = directory / SHORTLIST_FILE
+        if shortlist.is_file():
+            tok.shortlist = Shortlist.from_bytes(_read_model(shortlist), str(shortlist))
+        return tok
 
     # Pickling: SentencePiece processors are rebuilt from their serialized models.
     def __getstate__(self) -> dict[str, Any]:
-        return {"src": self._src_proto, "tgt": None if self.joint else self._tgt_proto, "src_tag": self.src_tag}
+        return {"src": self._src_proto, "tgt": None if self.joint else self._tgt_proto, "src_tag": self.src_tag,
+                "shortlist": None if self.shortlist is None else self.shortlist.to_bytes()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         src = _processor(state["src"], "<pickled>")
@@ -238,6 +250,8 @@ class Tokenizer:
         if state.get("src_tag"):
             self._src_prefix = [self._src.piece_to_id(state["src_tag"])]
             self.src_tag = state["src_tag"]
+        if state.get("shortlist") is not None:
+            self.shortlist = Shortlist.from_bytes(state["shortlist"], "<pickled>")
 
     def __repr__(self) -> str:
         if self.joint:
