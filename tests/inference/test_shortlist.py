@@ -126,3 +126,15 @@ def test_no_shortlist_in_the_checkpoint_is_a_clear_error(prepared):
     tok.shortlist = None
     with pytest.raises(ConfigError, match="the checkpoint has no vocabulary shortlist"):
         Translator(_model(tok), tok, Config()).translate(["hello"], shortlist=True)
+
+
+def test_prepare_command_line_builds_it(prepared, tmp_path):
+    from aiayn.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "--train-src", str(prepared.parent / "t.en"), "--train-tgt", str(prepared.parent / "t.de"),
+              "--vocab-size", "70", "--shortlist-k", "2", "--shortlist-frequent", "1", "--out", str(tmp_path / "p"),
+              "--quiet"])
+    assert exc.value.code == 0
+    sl = load_tokenizer(tmp_path / "p").shortlist
+    assert sl is not None and sl.table.size(1) == 2 and len(sl.frequent) == 1

@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tok.add_argument("--extend-vocab", type=int, metavar="N",
                      help="with --tokenizer-dir: add N pieces learned on the training text to that tokenizer, "
                           "every old id kept (fine-tune with train.init_vocab: extend)")
+    tok.add_argument("--shortlist-k", type=int, metavar="K",
+                     help="build a vocabulary shortlist: K target pieces per source piece (decode with --shortlist)")
+    tok.add_argument("--shortlist-frequent", type=int, metavar="N",
+                     help="the N most frequent target pieces join every shortlist (default 100)")
     flt = p.add_argument_group("filters (training data only)")
     flt.add_argument("--max-len", type=int, help="drop training pairs with a side over this many pieces")
     flt.add_argument("--max-len-ratio", type=float, help="drop training pairs whose length ratio exceeds this")
@@ -80,7 +84,8 @@ _FIELDS = ("dataset", "src_lang", "tgt_lang", "data_dir", "download_dir", "valid
            "test_src", "test_tgt", "test_tsv", "synthetic", "synthetic_train_size",
            "synthetic_valid_size", "vocab_size", "tgt_vocab_size", "spm_model_type",
            "tgt_spm_model_type", "character_coverage", "spm_input_sentence_size", "seed",
-           "tokenizer_dir", "extend_vocab", "max_len", "max_len_ratio", "on_invalid_utf8")
+           "tokenizer_dir", "extend_vocab", "shortlist_k", "shortlist_frequent", "max_len", "max_len_ratio",
+           "on_invalid_utf8")
 
 
 def config_from_args(args: argparse.Namespace) -> DataConfig:
