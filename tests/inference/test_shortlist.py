@@ -15,7 +15,7 @@ from aiayn.errors import ConfigError
 from aiayn.inference.translator import Translator
 from aiayn.model import build_model
 from aiayn.text.shortlist import Shortlist, build_shortlist
-from aiayn.text.tokenizer import EOS_ID
+from aiayn.text.tokenizer import EOS_ID, UNK_ID
 
 SRC = ["a small dog runs", "the red house", "two men play football in the park", "hello there",
        "a red dog", "the small house", "two dogs play", "men run in the park"] * 6
@@ -138,3 +138,29 @@ def test_prepare_command_line_builds_it(prepared, tmp_path):
     assert exc.value.code == 0
     sl = load_tokenizer(tmp_path / "p").shortlist
     assert sl is not None and sl.table.size(1) == 2 and len(sl.frequent) == 1
+
+
+def test_ctranslate2_export_carries_it_as_a_vocabulary_map(prepared, tmp_path):
+    """The shortlist becomes CTranslate2's vmap.txt; with full lists it changes nothing there
+    either, and a real one keeps CTranslate2's output inside the lists too."""
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    from aiayn.interop.ct2_translator import CTranslate2Translator
+    from aiayn.interop.ctranslate2 import export_ctranslate2, vmap_text
+
+    tok = load_tokenizer(prepared)
+    lines = vmap_text(tok).splitlines()
+    assert lines[0] == "\t" + " ".join(tok.tgt_pieces(tok.shortlist.frequent.tolist()))
+    first = next(i for i, row in enumerate(tok.shortlist.table.tolist()) if row[0] >= 0)
+    row = [t for t in tok.shortlist.table[first].tolist() if t >= 0]
+    assert f"{tok.src_pieces([first])[0]}\t{' '.join(tok.tgt_pieces(row))}" in lines
+    ckpt = save_checkpoint(tmp_path / "ckpt", _model(tok, seed=3), _config(tok), tok)
+    ct2 = CTranslate2Translator(export_ctranslate2(ckpt, tmp_path / "ct2"), threads=1)
+    assert (tmp_path / "ct2" / "vmap.txt").read_text(encoding="utf-8") == vmap_text(tok)
+    outside = 0
+    for text in SRC[:8]:
+        allowed = set(tok.shortlist.rows(tok.encode_src(text)).tolist()) | {UNK_ID}  # CTranslate2 keeps <unk>
+        best = ct2.translate_detailed([text], beam=2, max_len_b=10, shortlist=True)[0].best
+        assert set(best.tokens) <= allowed, text
+        outside += not set(ct2.translate_detailed([text], beam=2, max_len_b=10)[0].best.tokens) <= allowed
+    assert outside  # without the map, the random model leaves the lists

@@ -109,6 +109,9 @@ class CTranslate2Translator:
             raise ConfigError("decode.sampling: the CTranslate2 backend serves beam search and greedy only")
         if cfg.nbest > cfg.beam:
             raise ConfigError(f"nbest: {cfg.nbest} is more than beam={cfg.beam}")
+        if cfg.shortlist and not (self.model_dir / "vmap.txt").is_file():
+            raise ConfigError("decode.shortlist: the CTranslate2 model has no vocabulary map (vmap.txt): export a "
+                              "checkpoint whose data was prepared with data.shortlist_k")
         return cfg
 
     def _lang_tag(self, cfg: DecodeConfig) -> list[str]:
@@ -151,7 +154,7 @@ class CTranslate2Translator:
                 length_penalty=cfg.lenpen, min_decoding_length=cfg.min_len,
                 # At most `bound` tokens (aiayn would then force EOS; CTranslate2 just stops).
                 max_decoding_length=max(bound, 1), no_repeat_ngram_size=cfg.no_repeat_ngram_size,
-                max_input_length=0, return_scores=True, return_attention=attention)
+                max_input_length=0, return_scores=True, return_attention=attention, use_vmap=cfg.shortlist)
             for i, res in zip(rows, out):
                 results[i].hypotheses = [self._hypothesis(pieces[i], tokens, score, res, h, attention)
                                          for h, (tokens, score) in enumerate(zip(res.hypotheses, res.scores))]
