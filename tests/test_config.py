@@ -153,7 +153,7 @@ def test_every_decode_field_declares_its_option() -> None:
     assert names == list(Config().decode.__dataclass_fields__)
     for f, opt in decode_options():
         assert isinstance(opt, DecodeOption) and opt.help, f.name
-        if opt.http is not None:
+        if opt.http is not None and opt.http.ge is not None and opt.http.le is not None:
             assert opt.http.ge <= getattr(DecodeConfig(), f.name) <= opt.http.le, f.name
     positions = [opt.http.position for _, opt in decode_options() if opt.http is not None]
     assert len(set(positions)) == len(positions)

@@ -315,3 +315,32 @@ def test_given_tokenizer_is_used_as_is(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="data.tokenizer_dir"):
         prepare_data(DataConfig(train_src=base.train_src, train_tgt=base.train_tgt,
                                 tokenizer_dir=str(tmp_path / "missing")), tmp_path / "third", progress=False)
+
+
+def test_given_tokenizer_extended_by_the_new_text(tmp_path: Path) -> None:
+    """data.extend_vocab: pieces learned on the fine-tuning text are appended to the given
+    tokenizer, whose ids are kept; the prepared data use them; rebuilding reuses it."""
+    pytest.importorskip("google.protobuf")
+    base = DataConfig(train_src=write(tmp_path / "t.en", SRC), train_tgt=write(tmp_path / "t.de", TGT),
+                      vocab_size=100)
+    prepare_data(base, tmp_path / "first", progress=False)
+    first = load_tokenizer(tmp_path / "first")
+    news_src = ["the parliament approved the budget", "inflation rose in the eurozone"] * 20
+    news_tgt = ["das parlament billigte den haushalt", "die inflation stieg in der eurozone"] * 20
+    n = first.src_vocab_size
+    assert cli(["prepare", "--train-src", write(tmp_path / "n.en", news_src), "--train-tgt",
+                 write(tmp_path / "n.de", news_tgt), "--tokenizer-dir", str(tmp_path / "first"),
+                 "--extend-vocab", "12", "--out", str(tmp_path / "news"), "--quiet"]) == 0
+    summary = read_summary(tmp_path / "news")
+    assert summary["extended_vocab"] == {"asked": 12, "joint": {"old": n, "new": n + 12, "added": 12}}
+    assert summary["vocab_size"] == n + 12 and summary["reused"]["tokenizer"] is False
+    ext = load_tokenizer(tmp_path / "news")
+    assert ext.src_pieces(range(n)) == first.src_pieces(range(n))
+    train = load_split(tmp_path / "news", "train")
+    assert any(int(i) >= n for k in range(len(train)) for side in train[k] for i in side)
+    cfg = DataConfig(train_src=str(tmp_path / "n.en"), train_tgt=str(tmp_path / "n.de"),
+                     tokenizer_dir=str(tmp_path / "first"), extend_vocab=12)
+    again = prepare_data(cfg, tmp_path / "news", progress=False)
+    assert again["reused"]["tokenizer"] is True and load_tokenizer(tmp_path / "news").model_bytes() == ext.model_bytes()
+    with pytest.raises(ConfigError, match="data.extend_vocab: extends the tokenizer of data.tokenizer_dir"):
+        DataConfig(extend_vocab=5).validate()

@@ -209,7 +209,7 @@ def test_decoding_flags_are_generated_from_decode_config() -> None:
                 argv.append(flag)
                 given[f.name] = True
                 continue
-            value = opt.choices[-1] if opt.choices else f.default + 3
+            value = opt.choices[-1] if opt.choices else ("fr" if hints[f.name] is str else f.default + 3)
             argv += [flag, str(value)]
             given[f.name] = value
         args = parser.parse_args(argv)

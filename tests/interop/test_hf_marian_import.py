@@ -32,9 +32,12 @@ def _marian_spm(texts: list[str], vocab_size: int, model_type: str) -> bytes:
     return buf.getvalue()
 
 
-def _marian_vocab(*protos: bytes) -> dict[str, int]:
-    """OPUS-MT's vocab.json layout: </s> 0, <unk> 1, the pieces, <pad> last."""
+def _marian_vocab(*protos: bytes, lang_tags: tuple[str, ...] = ()) -> dict[str, int]:
+    """OPUS-MT's vocab.json layout: </s> 0, <unk> 1, a multilingual model's target-language
+    tags, the pieces, <pad> last."""
     vocab = {"</s>": 0, "<unk>": 1}
+    for tag in lang_tags:
+        vocab[tag] = len(vocab)
     for proto in protos:
         sp = spm.SentencePieceProcessor()
         sp.LoadFromSerializedProto(proto)
@@ -46,16 +49,16 @@ def _marian_vocab(*protos: bytes) -> dict[str, int]:
 
 
 def make_marian_dir(path: Path, src: list[str], tgt: list[str], *, activation: str = "swish",
-                    separate: bool = False, seed: int = 0) -> Path:
+                    separate: bool = False, seed: int = 0, lang_tags: tuple[str, ...] = ()) -> Path:
     """A random-initialised MarianMT with its tokenizer, saved as a user would have it on disk."""
     # HF uses the (target) pad id as padding_idx of the source embedding too: with separate
     # vocabularies the source one must be the larger.
     src_proto = _marian_spm(src, 60, "bpe")
     tgt_proto = _marian_spm(tgt, 44, "unigram")
     if separate:
-        src_vocab, tgt_vocab = _marian_vocab(src_proto), _marian_vocab(tgt_proto)
+        src_vocab, tgt_vocab = _marian_vocab(src_proto, lang_tags=lang_tags), _marian_vocab(tgt_proto)
     else:
-        src_vocab = tgt_vocab = _marian_vocab(src_proto, tgt_proto)
+        src_vocab = tgt_vocab = _marian_vocab(src_proto, tgt_proto, lang_tags=lang_tags)
     start = tgt_vocab["<pad>"]  # OPUS-MT: the decoder starts from <pad>
     cfg = transformers.MarianConfig(
         vocab_size=len(src_vocab), decoder_vocab_size=len(tgt_vocab), d_model=32, encoder_layers=2,
@@ -341,3 +344,59 @@ def test_imported_model_fine_tunes_from_the_command_line(tmp_path: Path, helpers
     run(["translate", "--checkpoint", str(after_ckpt), "--input", str(data / "test.en"), "--output", str(out),
          "--beam", "2"])
     assert len(out.read_text(encoding="utf-8").splitlines()) == 5
+
+
+@pytest.mark.parametrize("separate", [False, True])
+def test_multilingual_model_keeps_its_target_language_tags(tmp_path: Path, helpers, separate: bool) -> None:
+    """An OPUS-MT model with >>xx<< tags: imported, the tag chosen by tgt_lang starts the
+    source as MarianTokenizer puts it there, and greedy output is HF's; exported again, the
+    tags are in the HF vocabulary and come back on import."""
+    src, tgt = helpers.toy_pairs(300, seed=21)
+    tags = (">>fra<<", ">>spa<<", ">>deu<<")
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt, separate=separate, lang_tags=tags)
+    ckpt = import_hf(hf_dir, tmp_path / "ckpt")
+    tr = Translator.from_checkpoint(ckpt)
+    assert tr.config.data.tgt_lang_tag is True and tr.tokenizer.lang_tags() == list(tags)
+    hf_model = transformers.MarianMTModel.from_pretrained(str(hf_dir)).eval()
+    hf_tok = transformers.MarianTokenizer.from_pretrained(str(hf_dir))
+    names = {i: p for p, i in json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8")).items()}
+    texts = src[:6]
+    rows = _rows(tr.tokenizer, hf_dir, "tgt")
+    for lang in ("fra", "spa"):
+        results = tr.translate_detailed(texts, tgt_lang=lang, beam=1, max_len_a=0.0, max_len_b=20)
+        tagged = [f">>{lang}<< {t}" for t in texts]
+        for r, t in zip(results, tagged):
+            assert tr.tokenizer.src_pieces(r.src_tokens) == [names[i] for i in hf_tok(t).input_ids]
+        with torch.no_grad():
+            seq = hf_model.generate(**hf_tok(tagged, return_tensors="pt", padding=True), num_beams=1,
+                                    do_sample=False, max_length=22)
+        assert [[rows[i] for i in r.best.tokens] for r in results] == helpers.hf_generated(seq, 0)
+    # The checkpoint's own target language ("de") has no tag: --tgt-lang is needed.
+    with pytest.raises(Exception, match=r"no tag >>de<< \(its languages: fra, spa, deu\)"):
+        tr.translate(texts[:1])
+    # Export: the tags are HF vocabulary entries at aiayn's ids; import again: kept.
+    out = export_hf(ckpt, tmp_path / "hf")
+    hf_back = transformers.MarianTokenizer.from_pretrained(str(out))
+    ids = tr.tokenizer.tagged("spa").encode_src(texts[0])
+    assert hf_back(f">>spa<< {texts[0]}").input_ids == ids
+    back = load_checkpoint(import_hf(out, tmp_path / "back"))
+    assert back.config.data.tgt_lang_tag is True and back.tokenizer.lang_tags() == list(tags)
+
+
+def test_multilingual_model_on_ctranslate2(tmp_path: Path, helpers) -> None:
+    """The CTranslate2 backend puts the same tag before the source as aiayn's translator."""
+    pytest.importorskip("ctranslate2")
+    from aiayn.interop.ct2_translator import CTranslate2Translator
+    from aiayn.interop.ctranslate2 import export_ctranslate2
+
+    src, tgt = helpers.toy_pairs(300, seed=22)
+    hf_dir = make_marian_dir(tmp_path / "marian", src, tgt, lang_tags=(">>fra<<", ">>spa<<"))
+    ckpt = import_hf(hf_dir, tmp_path / "ckpt")
+    ours = Translator.from_checkpoint(ckpt)
+    ct2 = CTranslate2Translator(export_ctranslate2(ckpt, tmp_path / "ct2"), threads=1)
+    texts = src[:8]
+    for lang in ("fra", "spa"):
+        assert ct2.translate(texts, beam=1, tgt_lang=lang) == ours.translate(texts, beam=1, tgt_lang=lang)
+    assert ct2.translate(texts, beam=1, tgt_lang="fra") != ct2.translate(texts, beam=1, tgt_lang="spa")
+    with pytest.raises(Exception, match="no tag >>ita<<"):
+        ct2.translate(texts[:1], tgt_lang="ita")

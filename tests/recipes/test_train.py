@@ -99,3 +99,76 @@ def test_validation_bleu_without_text_is_skipped(caplog):
     with caplog.at_level(logging.INFO, logger="aiayn"):
         assert bleu(torch.nn.Linear(1, 1)) is None
     assert "no validation text or tokenizer; BLEU skipped" in caplog.text
+
+
+class _Pieces:
+    """A stand-in tokenizer: only its pieces matter to init_from's vocabulary map."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces, self.joint = pieces, True
+        self.src_vocab_size = self.tgt_vocab_size = len(pieces)
+
+    def src_pieces(self, ids):
+        return [self.pieces[i] for i in ids]
+
+    tgt_pieces = src_pieces
+
+
+def test_init_from_with_a_changed_vocabulary(make_cfg, prepared, tmp_path):
+    from aiayn.checkpoint.directory import save_checkpoint
+
+    old_tok = load_tokenizer(prepared)
+    n = old_tok.src_vocab_size
+    old_cfg = make_cfg(vocab=n)
+    old_model = build_model(old_cfg.model)
+    ckpt = save_checkpoint(tmp_path / "ckpt", old_model, old_cfg, old_tok)
+    old_pieces = old_tok.src_pieces(range(n))
+    new_tok = _Pieces(old_pieces + ["▁new", "▁words"])
+    cfg = make_cfg(vocab=n + 2, init_from=str(ckpt), init_vocab="extend")
+    report: dict = {}
+    model = recipe._build_model(cfg, None, DistInfo(), new_tok, report)
+    assert report == {"mode": "extend", "joint": {"old": n, "new": n + 2, "kept": n, "added": 2}}
+    old_w, new_w = old_model.src_embed.weight, model.src_embed.weight
+    assert torch.equal(new_w[:n], old_w) and torch.equal(new_w[n], old_w[4:].mean(0))
+    assert torch.equal(new_w[n + 1], new_w[n])
+    cfg.train.init_vocab = "same"
+    with pytest.raises(ConfigError, match="set train.init_vocab: extend"):
+        recipe._build_model(cfg, None, DistInfo(), new_tok, {})
+    # remap: any order of the same pieces and others.
+    shuffled = old_pieces[:4] + old_pieces[4:][::-1] + ["▁new"]
+    cfg = make_cfg(vocab=n + 1, init_from=str(ckpt), init_vocab="remap")
+    model = recipe._build_model(cfg, None, DistInfo(), _Pieces(shuffled), report)
+    assert report["joint"] == {"old": n, "new": n + 1, "kept": n, "added": 1}
+    assert torch.equal(model.tgt_embed.weight[4:n], old_model.tgt_embed.weight[4:].flip(0))
+
+
+def test_fine_tuning_with_an_extended_vocabulary_end_to_end(make_cfg, prepared, tmp_path):
+    """prepare --extend-vocab on a checkpoint's tokenizer, then train.init_vocab: extend: the
+    run starts from the checkpoint's rows and reports the kept and new pieces."""
+    import json
+
+    from aiayn.checkpoint.directory import save_checkpoint
+    from aiayn.data.prepare import prepare_data
+
+    pytest.importorskip("google.protobuf")
+    old_tok = load_tokenizer(prepared)
+    n = old_tok.src_vocab_size
+    old_cfg = make_cfg(vocab=n)
+    old_model = build_model(old_cfg.model)
+    ckpt = save_checkpoint(tmp_path / "ckpt", old_model, old_cfg, old_tok)
+    src, tgt = split_text(prepared, "valid")
+    news = [(s + " zz yy", t + " yy zz") for s, t in zip(src, tgt)] * 4
+    (tmp_path / "n.src").write_text("".join(s + "\n" for s, _ in news))
+    (tmp_path / "n.tgt").write_text("".join(t + "\n" for _, t in news))
+    data = DataConfig(train_src=str(tmp_path / "n.src"), train_tgt=str(tmp_path / "n.tgt"),
+                      tokenizer_dir=str(ckpt / "tokenizer"), extend_vocab=2, spm_model_type="word")
+    summary = prepare_data(data, tmp_path / "news", progress=False)
+    assert summary["extended_vocab"]["joint"] == {"old": n, "new": n + 2, "added": 2}
+    cfg = make_cfg(vocab=n, init_from=str(ckpt), init_vocab="extend", max_steps=1)
+    cfg.data.prepared_dir = str(tmp_path / "news")
+    out = recipe.run_training(cfg, tmp_path / "run")
+    expected = {"mode": "extend", "joint": {"old": n, "new": n + 2, "kept": n, "added": 2}}
+    assert out["init_vocab"] == expected
+    assert json.loads((tmp_path / "run" / "train_summary.json").read_text())["init_vocab"] == expected
+    assert f"init_vocab extend: joint vocabulary {n} -> {n + 2} pieces, {n} kept, 2 new" in (
+        tmp_path / "run" / "train.log").read_text()

@@ -21,8 +21,9 @@ def test_request_fields_are_the_decode_fields_marked_for_http() -> None:
     assert set(TranslateRequest.model_fields) - REQUEST_ONLY == marked
     # The published order (OpenAPI, and the "known fields" of an unknown_field error).
     assert list(TranslateRequest.model_fields) == ["texts", "beam", "nbest", "attention", "lenpen", "max_len_a",
-                                                   "max_len_b", "min_len", "no_repeat_ngram_size", "constraints",
-                                                   "exclude", "constraints_best_effort"]
+                                                   "max_len_b", "min_len", "no_repeat_ngram_size", "tgt_lang",
+                                                   "shortlist", "constraints", "exclude",
+                                                   "constraints_best_effort"]
 
 
 def test_request_schema_carries_the_metadata() -> None:
@@ -39,6 +40,10 @@ def test_request_schema_carries_the_metadata() -> None:
         else:  # left out = null = the checkpoint's value
             assert prop.get("default") is None and prop["anyOf"][1] == {"type": "null"}
             bounded = prop["anyOf"][0]
+        if hints[f.name] in (str, bool):  # tgt_lang (checked by DecodeConfig.validate), shortlist
+            assert bounded["type"] == {str: "string", bool: "boolean"}[hints[f.name]], f.name
+            assert "minimum" not in bounded, f.name
+            continue
         assert (bounded["minimum"], bounded["maximum"]) == (opt.http.ge, opt.http.le), f.name
         assert bounded["type"] == {int: "integer", float: "number"}[hints[f.name]], f.name
 

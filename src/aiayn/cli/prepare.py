@@ -62,6 +62,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tok.add_argument("--seed", type=int)
     tok.add_argument("--tokenizer-dir", help="use this tokenizer (e.g. a checkpoint directory's spm*.model) "
                                              "instead of training one: for fine-tuning with train.init_from")
+    tok.add_argument("--extend-vocab", type=int, metavar="N",
+                     help="with --tokenizer-dir: add N pieces learned on the training text to that tokenizer, "
+                          "every old id kept (fine-tune with train.init_vocab: extend)")
+    tok.add_argument("--shortlist-k", type=int, metavar="K",
+                     help="build a vocabulary shortlist: K target pieces per source piece (decode with --shortlist)")
+    tok.add_argument("--shortlist-frequent", type=int, metavar="N",
+                     help="the N most frequent target pieces join every shortlist (default 100)")
     flt = p.add_argument_group("filters (training data only)")
     flt.add_argument("--max-len", type=int, help="drop training pairs with a side over this many pieces")
     flt.add_argument("--max-len-ratio", type=float, help="drop training pairs whose length ratio exceeds this")
@@ -77,7 +84,8 @@ _FIELDS = ("dataset", "src_lang", "tgt_lang", "data_dir", "download_dir", "valid
            "test_src", "test_tgt", "test_tsv", "synthetic", "synthetic_train_size",
            "synthetic_valid_size", "vocab_size", "tgt_vocab_size", "spm_model_type",
            "tgt_spm_model_type", "character_coverage", "spm_input_sentence_size", "seed",
-           "tokenizer_dir", "max_len", "max_len_ratio", "on_invalid_utf8")
+           "tokenizer_dir", "extend_vocab", "shortlist_k", "shortlist_frequent", "max_len", "max_len_ratio",
+           "on_invalid_utf8")
 
 
 def config_from_args(args: argparse.Namespace) -> DataConfig:
@@ -128,6 +136,11 @@ def print_summary(summary: dict[str, Any], out: Path) -> None:
     else:
         print(f"  vocabulary source {summary.get('src_vocab_size', 0):,}, "
               f"target {summary.get('tgt_vocab_size', 0):,}")
+    extended = summary.get("extended_vocab") or {}
+    for side in ("joint", "source", "target"):
+        if side in extended:
+            r = extended[side]
+            print(f"  {side} vocabulary extended: {r['old']:,} -> {r['new']:,} pieces ({r['added']:,} added)")
     reused = [k for k, v in summary.get("reused", {}).items() if v]
     if reused:
         print(f"  reused unchanged: {', '.join(reused)}")

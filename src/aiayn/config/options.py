@@ -20,8 +20,8 @@ class HttpField:
     ``texts`` (0) and ``attention`` (3) sit among them.
     """
 
-    ge: int | float
-    le: int | float
+    ge: int | float | None
+    le: int | float | None
     position: int
     description: str | None = None
 

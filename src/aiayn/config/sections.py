@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +183,10 @@ class DataConfig:
     data_dir: str | None = None
     src_lang: str = "en"
     tgt_lang: str = "de"
+    # Multilingual models (OPUS-MT's convention): every source sequence starts with the
+    # target-language tag >>tgt_lang<<, a control piece of the source vocabulary; at
+    # translation time --tgt-lang (decode.tgt_lang) picks another language of the vocabulary.
+    tgt_lang_tag: bool = False
     # The output of `aiayn prepare`: tokenizer model(s), binarized splits, summary.json.
     prepared_dir: str | None = None
     train_src: str | None = None
@@ -235,6 +240,14 @@ class DataConfig:
     # Use this directory's tokenizer (spm*.model, e.g. a checkpoint's) instead of training
     # one: needed to fine-tune a checkpoint (train.init_from) on new data.
     tokenizer_dir: str | None = None
+    # With tokenizer_dir: add this many pieces learned on the training text to that tokenizer,
+    # every old id kept (aiayn.text.extend; fine-tune with train.init_vocab: extend). 0: off.
+    extend_vocab: int = 0
+    # Vocabulary shortlist (aiayn.text.shortlist; decode with --shortlist): for each source
+    # piece, the shortlist_k target pieces most associated with it in the training pairs, plus
+    # the shortlist_frequent most frequent target pieces. 0: none is built.
+    shortlist_k: int = 0
+    shortlist_frequent: int = 100
     # Training-data filters (validation and test are never filtered).
     max_len: int = 256
     max_len_ratio: float = 9.0
@@ -256,6 +269,7 @@ class DataConfig:
         _check_finite(self, prefix)
         if self.vocab_size < 8:
             raise ConfigError(f"{prefix}.vocab_size: must be at least 8, got {self.vocab_size}")
+        self._validate_extension(prefix)
         if self.parsing_subtrees < 0:
             raise ConfigError(f"{prefix}.parsing_subtrees: must be 0 (off) or a number of words, "
                               f"got {self.parsing_subtrees}")
@@ -281,6 +295,15 @@ class DataConfig:
         if self.synthetic is not None:
             _choice(prefix, "synthetic", self.synthetic, ("copy", "reverse", "sort", "toy"))
         self._validate_subword_sampling(prefix)
+
+    def _validate_extension(self, prefix: str) -> None:
+        if self.shortlist_k < 0 or self.shortlist_frequent < 0:
+            raise ConfigError(f"{prefix}.shortlist_k / shortlist_frequent: must not be negative")
+        if self.extend_vocab < 0:
+            raise ConfigError(f"{prefix}.extend_vocab: must be 0 (off) or a number of pieces, got {self.extend_vocab}")
+        if self.extend_vocab and self.tokenizer_dir is None:
+            raise ConfigError(f"{prefix}.extend_vocab: extends the tokenizer of {prefix}.tokenizer_dir, "
+                              "which is not set")
 
     def _validate_subword_sampling(self, prefix: str) -> None:
         for name in ("subword_alpha_src", "subword_alpha_tgt"):
@@ -375,6 +398,10 @@ class TrainConfig:
     # Initialise the weights of a fresh run from this checkpoint (or run directory),
     # e.g. one imported from Hugging Face; the optimizer and step start fresh.
     init_from: str | None = None
+    # How init_from's vocabulary maps onto this run's (aiayn.checkpoint.vocab_init): same (equal,
+    # the default), extend (the new vocabulary starts with the old one: ids kept) or remap
+    # (pieces matched by string). Kept pieces keep their rows; new ones get the mean row.
+    init_vocab: str = "same"
     # tqdm progress bar on an interactive terminal (log lines go to the log either way).
     progress_bar: bool = True
 
@@ -388,6 +415,7 @@ class TrainConfig:
         _choice(prefix, "best_metric", self.best_metric, ("valid_loss", "valid_ppl", "valid_bleu"))
         _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
         _choice(prefix, "max_tokens_mode", self.max_tokens_mode, ("padded", "real"))
+        _choice(prefix, "init_vocab", self.init_vocab, ("same", "extend", "remap"))
         for name in ("max_tokens", "update_freq"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
@@ -483,6 +511,16 @@ class DecodeConfig:
     top_k: int = decode_option(0, "sample among the k most probable tokens (0 = all)")
     top_p: float = decode_option(1.0, "nucleus sampling threshold (1 = off)")
     seed: int = decode_option(0, "sampling seed")
+    shortlist: bool = decode_option(
+        False, "score only the batch's vocabulary shortlist (the lists of its source pieces and the most "
+               "frequent pieces; the checkpoint needs one: prepare with data.shortlist_k)",
+        http=HttpField(ge=None, le=None, position=10,
+                       description="score only the batch's vocabulary shortlist (faster; needs one in the checkpoint)"))
+    tgt_lang: str = decode_option(
+        "", "target language of a multilingual model: the source starts with its tag >>xx<< "
+            "(default: the checkpoint's data.tgt_lang when it was trained with data.tgt_lang_tag)",
+        http=HttpField(ge=None, le=None, position=9,
+                       description="target language of a multilingual model (its tag >>xx<< starts the source)"))
 
     def validate(self, prefix: str = "decode") -> None:
         _check_finite(self, prefix)
@@ -499,6 +537,8 @@ class DecodeConfig:
             raise ConfigError(f"{prefix}.top_p: must be in (0, 1]")
         if self.top_k < 0 or self.no_repeat_ngram_size < 0 or self.batch_tokens < 1:
             raise ConfigError(f"{prefix}.top_k / no_repeat_ngram_size / batch_tokens: out of range")
+        if self.tgt_lang and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", self.tgt_lang):
+            raise ConfigError(f"{prefix}.tgt_lang: a language code (letters, digits, _ and -), got {self.tgt_lang!r}")
 
     def with_overrides(self, **overrides: Any) -> DecodeConfig:
         """A validated copy with ``overrides`` applied; a None value keeps this config's value.

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from aiayn.config import DataConfig
 from aiayn.data import datasets as ds
 from aiayn.data.binarize import (
@@ -51,7 +53,9 @@ from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
 from aiayn.errors import ConfigError, DataError
 from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
-from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, train_tokenizer
+from aiayn.text.extend import add_source_controls, extend_tokenizer
+from aiayn.text.shortlist import SHORTLIST_FILE, build_shortlist
+from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, leading_tag, train_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +191,7 @@ def _filters(cfg: DataConfig) -> FilterConfig:
 
 def _spm_settings(cfg: DataConfig) -> dict[str, Any]:
     word = cfg.synthetic is not None and cfg.dataset is None
-    return dict(
+    settings = dict(
         joint=cfg.joint_vocab,
         model_type="word" if word else cfg.spm_model_type,
         tgt_model_type=None if word else cfg.tgt_spm_model_type,
@@ -197,6 +201,20 @@ def _spm_settings(cfg: DataConfig) -> dict[str, Any]:
         input_sentence_size=cfg.spm_input_sentence_size,
         seed=cfg.seed,
     )
+    if cfg.tgt_lang_tag:  # only then: the keys of untagged directories stay what they were
+        settings["src_control_symbols"] = _source_tags(cfg)
+    return settings
+
+
+def _source_tags(cfg: DataConfig, train: Source | None = None) -> list[str]:
+    """The control pieces the source vocabulary needs with data.tgt_lang_tag: the tag of
+    data.tgt_lang and (given ``train``) those its sources start with, sorted."""
+    if not cfg.tgt_lang_tag:
+        return []
+    tags = {lang_tag(cfg.tgt_lang)}
+    if train is not None:
+        tags.update(t for s, _ in train.open(True, ReadStats()) if (t := leading_tag(s)))
+    return sorted(tags)
 
 
 def _digest(*parts: Any) -> str:
@@ -215,7 +233,13 @@ def _given_tokenizer(cfg: DataConfig) -> Tokenizer | None:
 
 def _tokenizer_key(cfg: DataConfig, train: Source, given: Tokenizer | None = None) -> str:
     if given is not None:  # keyed by the model files' contents, not by where they lie
-        return _digest("tokenizer", PREPARE_VERSION, [hashlib.sha256(b).hexdigest() for b in given.model_bytes()])
+        files = [hashlib.sha256(b).hexdigest() for b in given.model_bytes()]
+        if cfg.tgt_lang_tag:
+            files.append(f"tags:{_source_tags(cfg)}:{train.tag}")  # and those of the sources
+        if not cfg.extend_vocab:
+            return _digest("tokenizer", PREPARE_VERSION, files)
+        return _digest("tokenizer", PREPARE_VERSION, files, "extended", cfg.extend_vocab, train.tag,
+                       cfg.on_invalid_utf8, _spm_settings(cfg))
     return _digest("tokenizer", PREPARE_VERSION, train.tag, cfg.on_invalid_utf8, _spm_settings(cfg))
 
 
@@ -224,7 +248,9 @@ def input_key(cfg: DataConfig, sources: dict[str, Source]) -> str:
     return _digest("prepared", PREPARE_VERSION, FORMAT_VERSION, {r: s.tag for r, s in sources.items()},
                    _spm_settings(cfg), dataclasses.asdict(_filters(cfg)), cfg.on_invalid_utf8,
                    cfg.src_lang, cfg.tgt_lang,
-                   _tokenizer_key(cfg, sources["train"], _given_tokenizer(cfg)) if cfg.tokenizer_dir else None)
+                   _tokenizer_key(cfg, sources["train"], _given_tokenizer(cfg)) if cfg.tokenizer_dir else None,
+                   *([("shortlist", cfg.shortlist_k, cfg.shortlist_frequent, SHORTLIST_SAMPLE)]
+                     if cfg.shortlist_k else []))
 
 
 # ------------------------------------------------------------------------ prepare
@@ -272,6 +298,9 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
             t = time.perf_counter()
             splits[role] = _prepare_split(cfg, role, source, tokenizer, out, tmp, reused)
             timings[role] = time.perf_counter() - t
+        t = time.perf_counter()
+        _prepare_shortlist(cfg, tokenizer, tmp)
+        timings["shortlist"] = time.perf_counter() - t
         summary = _summary(cfg, sources, tokenizer, tok_key, splits, reused, timings)
         summary.update(extra_summary or {})
         for name, path in (extra_files or {}).items():
@@ -302,10 +331,10 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
     given = _given_tokenizer(cfg)
     tok_key = _tokenizer_key(cfg, train, given)
     tokenizer = None
-    if given is not None:
-        tokenizer = given
+    if given is not None and not cfg.extend_vocab:
+        tokenizer = add_source_controls(given, _source_tags(cfg, train))
         tokenizer.save(tmp)
-        reused["tokenizer"] = True
+        reused["tokenizer"] = tokenizer is given
     elif old.get("tokenizer_key") == tok_key:
         try:
             tokenizer = Tokenizer.load(out)
@@ -313,10 +342,52 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
             reused["tokenizer"] = True
         except DataError:
             tokenizer = None
+    if tokenizer is None and given is not None:
+        tokenizer = _extend(cfg, given, train, tmp)
+        reused["tokenizer"] = False
     if tokenizer is None:
         tokenizer = _train(cfg, train, tmp)
         reused["tokenizer"] = False
     return tokenizer, tok_key
+
+
+def _extend(cfg: DataConfig, given: Tokenizer, train: Source, tmp: Path) -> Tokenizer:
+    """``data.extend_vocab`` pieces learned on the training text added to the given tokenizer."""
+    log.info("extending %s's tokenizer by %d pieces learned on %s", cfg.tokenizer_dir, cfg.extend_vocab, train.name)
+
+    side = _sides(cfg, train)
+    try:
+        tokenizer, report = extend_tokenizer(given, side(0), side(1), cfg.extend_vocab, seed=cfg.seed,
+                                             character_coverage=cfg.character_coverage,
+                                             input_sentence_size=cfg.spm_input_sentence_size)
+    except EmptyTrainingText:
+        raise DataError(f"{train.name}: no training sentences to learn new pieces from") from None
+    for name, r in report.items():
+        log.info("%s vocabulary extended: %d -> %d pieces (%d added)", name, r["old"], r["new"], r["added"])
+    tokenizer = add_source_controls(tokenizer, _source_tags(cfg, train))
+    tokenizer.save(tmp)
+    return tokenizer
+
+
+SHORTLIST_SAMPLE = 200_000  # training pairs the shortlist is counted on, at most (seeded draw)
+
+
+def _prepare_shortlist(cfg: DataConfig, tokenizer: Tokenizer, tmp: Path) -> None:
+    """``data.shortlist_k``: the shortlist of the binarized training pairs, saved with the
+    tokenizer; else none (a reused or given tokenizer's is dropped: it belongs to other data)."""
+    tokenizer.shortlist = None
+    (tmp / SHORTLIST_FILE).unlink(missing_ok=True)
+    if not cfg.shortlist_k:
+        return
+    train = TokenDataset(tmp / "train")
+    n = len(train)
+    indices = range(n) if n <= SHORTLIST_SAMPLE else sorted(
+        np.random.default_rng(cfg.seed).choice(n, SHORTLIST_SAMPLE, replace=False).tolist())
+    tokenizer.shortlist = build_shortlist((train[i] for i in indices), tokenizer.src_vocab_size,
+                                          tokenizer.tgt_vocab_size, cfg.shortlist_k, cfg.shortlist_frequent)
+    tokenizer.save(tmp)
+    log.info("shortlist: %d target pieces per source piece, %d frequent ones", cfg.shortlist_k,
+             len(tokenizer.shortlist.frequent))
 
 
 def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokenizer, out: Path, tmp: Path,
@@ -324,7 +395,11 @@ def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokeni
     """One binarized split in ``tmp``, reused from ``out`` when its key (inputs, tokenizer,
     filters) did not change; returns its entry of the summary."""
     filters = _filters(cfg) if role == "train" else None
-    key = cache_key([source.tag], tokenizer, filters, on_invalid_utf8=cfg.on_invalid_utf8)
+    extra: dict[str, Any] = {"on_invalid_utf8": cfg.on_invalid_utf8}
+    if cfg.tgt_lang_tag:  # every source sequence starts with the target-language tag
+        tokenizer = tokenizer.tagged(cfg.tgt_lang)
+        extra["src_tag"] = tokenizer.src_tag
+    key = cache_key([source.tag], tokenizer, filters, **extra)
     dataset = None
     if read_key(out / role) == key and (role == "train" or _has_text(out, role)):
         try:
@@ -362,6 +437,8 @@ def _summary(cfg: DataConfig, sources: dict[str, Source], tokenizer: Tokenizer, 
         "tgt_vocab_size": tokenizer.tgt_vocab_size,
         "joint_vocab": tokenizer.joint,
         "tokenizer_files": tokenizer.model_files,
+        "extended_vocab": _extension_report(cfg, tokenizer),
+        "shortlist": {"k": cfg.shortlist_k, "frequent": cfg.shortlist_frequent} if cfg.shortlist_k else None,
         "spm": _spm_settings(cfg),
         "filters": dataclasses.asdict(_filters(cfg)),
         "on_invalid_utf8": cfg.on_invalid_utf8,
@@ -371,6 +448,17 @@ def _summary(cfg: DataConfig, sources: dict[str, Source], tokenizer: Tokenizer, 
         "time_s": {k: round(v, 3) for k, v in timings.items()},
         "config": dataclasses.asdict(cfg),
     }
+
+
+def _extension_report(cfg: DataConfig, tokenizer: Tokenizer) -> dict[str, Any] | None:
+    """With data.extend_vocab: per model, the given tokenizer's size and the size now."""
+    given = _given_tokenizer(cfg) if cfg.extend_vocab else None
+    if given is None:
+        return None
+    sides = {"joint": (given.src_vocab_size, tokenizer.src_vocab_size)} if tokenizer.joint else {
+        "source": (given.src_vocab_size, tokenizer.src_vocab_size),
+        "target": (given.tgt_vocab_size, tokenizer.tgt_vocab_size)}
+    return {"asked": cfg.extend_vocab, **{k: {"old": o, "new": n, "added": n - o} for k, (o, n) in sides.items()}}
 
 
 def ensure_prepared(cfg: DataConfig, out_dir: str | os.PathLike) -> Path:
@@ -388,6 +476,8 @@ def ensure_prepared(cfg: DataConfig, out_dir: str | os.PathLike) -> Path:
 
 def _complete(out: Path, summary: dict[str, Any]) -> bool:
     if not all((out / f).is_file() for f in summary.get("tokenizer_files", [])):
+        return False
+    if summary.get("shortlist") and not (out / SHORTLIST_FILE).is_file():
         return False
     return all((out / role / "meta.json").is_file() and (role == "train" or _has_text(out, role))
                for role in summary.get("splits", {}))
@@ -407,28 +497,46 @@ def _train(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
 
 def _train_tokenizer(cfg: DataConfig, train: Source, tmp: Path) -> Tokenizer:
     settings = _spm_settings(cfg)
-
-    def side(i: int) -> Iterator[str]:
-        return (pair[i] for pair in train.open(True, ReadStats()))
+    side = _sides(cfg, train)
 
     if settings["model_type"] == "word":
         # Synthetic: a word model with every symbol (each one token), nothing unknown.
-        pairs = list(train.open(True, ReadStats()))
+        pairs = list(zip(side(0), side(1)))
         src_syms = {w for s, _ in pairs for w in s.split()}
         tgt_syms = {w for _, t in pairs for w in t.split()}
         specials = 4
-        vocab = len(src_syms | tgt_syms) + specials if cfg.joint_vocab else len(src_syms) + specials
+        tags = _source_tags(cfg, train)
+        vocab = (len(src_syms | tgt_syms) if cfg.joint_vocab else len(src_syms)) + specials + len(tags)
         return train_tokenizer([s for s, _ in pairs], [t for _, t in pairs], tmp, vocab,
                                joint=cfg.joint_vocab, model_type="word",
                                tgt_vocab_size=len(tgt_syms) + specials, seed=cfg.seed,
-                               input_sentence_size=0)
+                               input_sentence_size=0, src_control_symbols=tags)
     log.info("training SentencePiece (%s, vocabulary %d%s)", settings["model_type"], cfg.vocab_size,
              ", joint" if cfg.joint_vocab else "")
     return train_tokenizer(
         _ReadAfreshEachPass(lambda: side(0)), _ReadAfreshEachPass(lambda: side(1)), tmp, cfg.vocab_size,
         joint=cfg.joint_vocab, character_coverage=cfg.character_coverage, model_type=cfg.spm_model_type,
         input_sentence_size=cfg.spm_input_sentence_size, tgt_vocab_size=cfg.tgt_vocab_size,
-        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed)
+        tgt_model_type=cfg.tgt_spm_model_type, seed=cfg.seed, src_control_symbols=_source_tags(cfg, train))
+
+
+def _sides(cfg: DataConfig, train: Source) -> Callable[[int], Iterator[str]]:
+    """``side(i)``: the training sources (0) or targets (1), read afresh; with
+    data.tgt_lang_tag the sources without the tag they start with (a control piece:
+    SentencePiece learns pieces of the text only)."""
+
+    def side(i: int) -> Iterator[str]:
+        texts = (pair[i] for pair in train.open(True, ReadStats()))
+        if i == 0 and cfg.tgt_lang_tag:
+            return (_without_tag(s) for s in texts)
+        return texts
+
+    return side
+
+
+def _without_tag(text: str) -> str:
+    tag = leading_tag(text)
+    return text.lstrip()[len(tag):].lstrip() if tag else text
 
 
 class _ReadAfreshEachPass:

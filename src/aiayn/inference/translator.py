@@ -40,9 +40,11 @@ from aiayn.inference.compiled import CompiledDecoder
 from aiayn.inference.constraints import Constraint, LexicalConstraint
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
+from aiayn.inference.shortlist import ShortlistDecoder
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
+from aiayn.text.tokenizer import lang_tag
 from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -311,7 +313,7 @@ class Translator:
             progress(len(texts) - len(todo))
         if not todo:
             return results
-        self._encode_sources(texts, todo, results, first_number)
+        self._encode_sources(texts, todo, results, first_number, self.source_tokenizer(cfg))
         prefix_ids = self._encode_prefixes(prefixes, todo)
         lexical: dict[int, tuple[list[list[int]], list[list[int]]]] = {}
         if constraints is not None:
@@ -330,10 +332,37 @@ class Translator:
                 progress(len(batch))
         return results
 
+    def _shortlisted(self, src: Tensor, prefix: list[list[int]] | None) -> ShortlistDecoder:
+        """The decoder restricted to the batch's shortlist (and the ids of its forced prefixes
+        and required constraint phrases)."""
+        shortlist = getattr(self.tokenizer, "shortlist", None)
+        if shortlist is None:
+            raise ConfigError("decode.shortlist: the checkpoint has no vocabulary shortlist (prepare its data "
+                              "with data.shortlist_k)")
+        extra = [i for p in prefix or [] for i in p]
+        rows = shortlist.rows(src.flatten().cpu(), extra).to(self.device)
+        return ShortlistDecoder(self.decoder, rows, int(self.tokenizer.tgt_vocab_size))
+
+    def source_tokenizer(self, cfg: DecodeConfig) -> Any:
+        """The tokenizer that encodes the sources under ``cfg``: with the target-language tag
+        of ``cfg.tgt_lang``, else of the checkpoint's ``data.tgt_lang`` when it was trained
+        with ``data.tgt_lang_tag``, else none (the tokenizer as given)."""
+        data = self.config.data
+        lang = cfg.tgt_lang or (data.tgt_lang if data.tgt_lang_tag else "")
+        if not lang:
+            return self.tokenizer
+        tag = lang_tag(lang)
+        if not hasattr(self.tokenizer, "tagged") or not self.tokenizer.has_src_piece(tag):
+            tags = self.tokenizer.lang_tags() if hasattr(self.tokenizer, "lang_tags") else []
+            known = f"its languages: {', '.join(t[2:-2] for t in tags)}" if tags else "it has no language tags"
+            raise ConfigError(f"decode.tgt_lang: the model's source vocabulary has no tag {tag} ({known})")
+        return self.tokenizer.tagged(lang)
+
     def _encode_sources(self, texts: Sequence[str], todo: list[int], results: list[TranslationResult],
-                        first_number: int = 1) -> None:
+                        first_number: int = 1, tokenizer: Any = None) -> None:
         """Each text's source ids (EOS included), cut to the model's positions with a warning."""
-        src_ids = self.tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
+        tokenizer = self.tokenizer if tokenizer is None else tokenizer
+        src_ids = tokenizer.encode_src_batch([texts[i] for i in todo], num_threads=1)
         for n, i in enumerate(todo):
             ids = src_ids[n]
             if self.max_src_len is not None and len(ids) > self.max_src_len:
@@ -350,17 +379,19 @@ class Translator:
         found none raises ConstraintError, or with ``best_effort`` is searched again without."""
         src = _pad([results[i].src_tokens for i in batch]).to(self.device)
         prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
+        required = [piece for i in batch for phrase in lexical.get(i, ([], []))[0] for piece in phrase]
+        decoder = self._shortlisted(src, [*(prefix or []), required]) if cfg.shortlist else self.decoder
         if any(i in lexical for i in batch):
             constraint = LexicalConstraint([lexical.get(i, ([], []))[0] for i in batch],
                                            [lexical.get(i, ([], []))[1] for i in batch], eos=EOS_ID)
-        hyps = search(self.decoder, src, cfg, prefix=prefix, need_attn=attention,
+        hyps = search(decoder, src, cfg, prefix=prefix, need_attn=attention,
                       pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, constraint=constraint)
         for k in [k for k, i in enumerate(batch) if not hyps[k] and i in lexical]:
             reason = "no translation within the length bound meets its constraints"
             if not best_effort:
                 raise ConstraintError(batch[k], reason)
             log.warning("sentence %d: %s; translated without them", batch[k] + first_number, reason)
-            hyps[k] = search(self.decoder, src[k:k + 1], cfg, prefix=[prefix[k]] if prefix else None,
+            hyps[k] = search(decoder, src[k:k + 1], cfg, prefix=[prefix[k]] if prefix else None,
                              need_attn=attention, pad=PAD_ID, bos=BOS_ID, eos=EOS_ID)[0]
         return hyps
 

@@ -32,6 +32,7 @@ from aiayn.errors import ConfigError, InteropError
 from aiayn.inference.translator import Hypothesis, TranslationResult
 from aiayn.interop.ctranslate2 import CONFIG_FILE
 from aiayn.interop.marian_format import require
+from aiayn.text.tokenizer import lang_tag
 from aiayn.vocab import EOS_PIECE
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,23 @@ class CTranslate2Translator:
             raise ConfigError("decode.sampling: the CTranslate2 backend serves beam search and greedy only")
         if cfg.nbest > cfg.beam:
             raise ConfigError(f"nbest: {cfg.nbest} is more than beam={cfg.beam}")
+        if cfg.shortlist and not (self.model_dir / "vmap.txt").is_file():
+            raise ConfigError("decode.shortlist: the CTranslate2 model has no vocabulary map (vmap.txt): export a "
+                              "checkpoint whose data was prepared with data.shortlist_k")
         return cfg
+
+    def _lang_tag(self, cfg: DecodeConfig) -> list[str]:
+        """The target-language tag the sources start with (``decode.tgt_lang``, else the
+        export's ``data.tgt_lang`` when it was trained with ``data.tgt_lang_tag``), or none."""
+        data = self.config.data if self.config is not None else None
+        lang = cfg.tgt_lang or (data.tgt_lang if data is not None and data.tgt_lang_tag else "")
+        if not lang:
+            return []
+        tag = lang_tag(lang)
+        src = self.tokenizer.src
+        if src.piece_to_id(tag) == src.unk_id():
+            raise ConfigError(f"decode.tgt_lang: the model's source vocabulary has no tag {tag}")
+        return [tag]
 
     def translate(self, texts: Sequence[str], **overrides: Any) -> list[str]:
         return [r.hypotheses[0].text for r in self.translate_detailed(texts, **overrides)]
@@ -121,7 +138,8 @@ class CTranslate2Translator:
                         "((5+|Y|)/6)^alpha is served as |Y|^alpha with alpha %.2f", cfg.lenpen)
             self._warned_gnmt = True
         results = [TranslationResult(source=t) for t in texts]
-        pieces = {i: self.tokenizer.src_pieces(t) for i, t in enumerate(texts) if t.strip()}
+        tag = self._lang_tag(cfg)
+        pieces = {i: tag + self.tokenizer.src_pieces(t) for i, t in enumerate(texts) if t.strip()}
         for i, text in enumerate(texts):
             if not text.strip():
                 results[i].hypotheses = [Hypothesis("", [], 0.0, [EOS_PIECE], [EOS_PIECE])]
@@ -136,7 +154,7 @@ class CTranslate2Translator:
                 length_penalty=cfg.lenpen, min_decoding_length=cfg.min_len,
                 # At most `bound` tokens (aiayn would then force EOS; CTranslate2 just stops).
                 max_decoding_length=max(bound, 1), no_repeat_ngram_size=cfg.no_repeat_ngram_size,
-                max_input_length=0, return_scores=True, return_attention=attention)
+                max_input_length=0, return_scores=True, return_attention=attention, use_vmap=cfg.shortlist)
             for i, res in zip(rows, out):
                 results[i].hypotheses = [self._hypothesis(pieces[i], tokens, score, res, h, attention)
                                          for h, (tokens, score) in enumerate(zip(res.hypotheses, res.scores))]

@@ -33,7 +33,7 @@ import torch
 
 from aiayn.config import Config, save_config
 from aiayn.errors import InteropError
-from aiayn.fileio import atomic_dir, check_empty_dir
+from aiayn.fileio import atomic_dir, check_empty_dir, write_atomic
 from aiayn.interop.hf_export import load_for_export, quiet_marian_tokenizer, save_hf_dir
 from aiayn.interop.marian_format import require
 from aiayn.vocab import BOS
@@ -131,6 +131,22 @@ def convert_hf_dir(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, quanti
     return Path(out_dir)
 
 
+VMAP_FILE = "vmap.txt"  # CTranslate2's vocabulary map, read from the model directory (use_vmap)
+
+
+def vmap_text(tokenizer: Any) -> str:
+    """The tokenizer's shortlist as CTranslate2's vocabulary map: a line ``<TAB>`` + the
+    frequent target pieces (always candidates), then per source piece with a list
+    ``piece<TAB>target pieces`` (pieces separated by spaces)."""
+    shortlist = tokenizer.shortlist
+    lines = ["\t" + " ".join(tokenizer.tgt_pieces(shortlist.frequent.tolist()))]
+    for src_id, row in enumerate(shortlist.table.tolist()):
+        targets = [t for t in row if t >= 0]
+        if targets:
+            lines.append(tokenizer.src_pieces([src_id])[0] + "\t" + " ".join(tokenizer.tgt_pieces(targets)))
+    return "\n".join(lines) + "\n"
+
+
 def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike,
                        quantization: str | None = None, force: bool = False) -> Path:
     """``aiayn export ctranslate2``: checkpoint -> HF Marian (temporary) -> CTranslate2."""
@@ -143,8 +159,10 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     with tempfile.TemporaryDirectory(prefix="aiayn-hf-") as tmp:
         save_hf_dir(model, cfg, tokenizer, Path(tmp), warn_generation=False)
         convert_hf_dir(tmp, out_dir, quantization, force, config=cfg)
+    if getattr(tokenizer, "shortlist", None) is not None:
+        write_atomic(Path(out_dir) / VMAP_FILE, vmap_text(tokenizer).encode("utf-8"))
     log.info("exported %s to CTranslate2 model %s (%s)", checkpoint, out_dir, quantization or "float32")
     return Path(out_dir)
 
 
-__all__ = ["QUANTIZATIONS", "convert_hf_dir", "export_ctranslate2"]
+__all__ = ["QUANTIZATIONS", "VMAP_FILE", "convert_hf_dir", "export_ctranslate2", "vmap_text"]

@@ -39,10 +39,10 @@ from aiayn.checkpoint.directory import load_checkpoint, load_checkpoint_config, 
 from aiayn.config import Config, ModelConfig
 from aiayn.errors import InteropError
 from aiayn.fileio import atomic_dir
-from aiayn.interop import spm_proto
 from aiayn.interop.marian_format import HF_LAYER_NORM_EPS, require, tensor_map
 from aiayn.model import Transformer
 from aiayn.model.embeddings import sinusoid_table
+from aiayn.text import spm_proto
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK
 

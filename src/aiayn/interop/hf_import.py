@@ -11,7 +11,7 @@ with the reason.
 same row (OPUS-MT), aiayn's PAD (id 0) is a new all-zero row whose output bias is
 :data:`PAD_LOGIT_BIAS`, so that its probability is exactly 0 in float32 and the softmax
 over the Marian rows is unchanged. The SentencePiece models are rewritten with pieces in
-aiayn's id order (:mod:`aiayn.interop.spm_proto`), so the imported checkpoint carries an
+aiayn's id order (:mod:`aiayn.text.spm_proto`), so the imported checkpoint carries an
 ordinary aiayn tokenizer.
 """
 
@@ -35,10 +35,10 @@ from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.config.coercion import short_repr
 from aiayn.errors import InteropError
 from aiayn.fileio import check_empty_dir
-from aiayn.interop import spm_proto
 from aiayn.interop.marian_format import HF_LAYER_NORM_EPS, require, tensor_map
-from aiayn.interop.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
 from aiayn.model import Transformer, build_model
+from aiayn.text import spm_proto
+from aiayn.text.spm_proto import CONTROL, NORMAL, UNKNOWN, UNUSED, Piece
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, UNK_ID
 
@@ -134,10 +134,6 @@ def rebuild_spm(proto: bytes, mapping: VocabMapping, side: str) -> bytes:
     if dropped:
         log.warning("%s SentencePiece model: %d pieces are not in the Marian vocabulary and are "
                     "dropped (e.g. %s)", side, len(dropped), dropped[:5])
-    langs = [n for n in mapping.pieces if _LANGUAGE_TOKEN.match(n)]
-    if langs and side == "source":
-        log.warning("the vocabulary has %d target-language tokens (e.g. %s); aiayn's tokenizer does "
-                    "not insert them: multilingual prefixes are not supported", len(langs), langs[:3])
     return spm_proto.rebuild_model(proto, pieces, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
 
 
@@ -260,8 +256,15 @@ def load_marian(hf_dir: str | os.PathLike) -> tuple[Transformer, Config, Tokeniz
     model_cfg = _imported_model_config(hf_config, activation, share_mode, len(src_map), len(tgt_map))
     model = _imported_model(model_cfg, hf_weights, src_map, tgt_map)
     tokenizer = _imported_tokenizer(hf_dir, src_map, tgt_map, shared)
+    # A multilingual model: its source vocabulary holds target-language tags (>>fra<<), kept as
+    # control pieces; the source starts with one (data.tgt_lang_tag, chosen by --tgt-lang).
+    langs = tokenizer.lang_tags()
+    if langs:
+        log.info("multilingual model: %d target-language tags (%s); translate with --tgt-lang", len(langs),
+                 ", ".join(t[2:-2] for t in langs[:10]) + (" ..." if len(langs) > 10 else ""))
     data = DataConfig(src_lang=tok_cfg.get("source_lang") or "src", tgt_lang=tok_cfg.get("target_lang") or "tgt",
-                      vocab_size=len(src_map), joint_vocab=tokenizer.joint, tgt_vocab_size=len(tgt_map))
+                      vocab_size=len(src_map), joint_vocab=tokenizer.joint, tgt_vocab_size=len(tgt_map),
+                      tgt_lang_tag=bool(langs))
     cfg = Config(model=model_cfg, data=data, decode=_imported_decode_config(hf_dir, raw_config))
     cfg.validate()
     return model, cfg, tokenizer

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from aiayn.checkpoint.directory import load_checkpoint_config, resolve_checkpoint, verify_checkpoint
-from aiayn.checkpoint.layout import CHECKPOINTS_DIR, MODEL_FILE
+from aiayn.checkpoint.directory import load_checkpoint_config, load_tokenizer_dir, resolve_checkpoint, verify_checkpoint
+from aiayn.checkpoint.layout import CHECKPOINTS_DIR, MODEL_FILE, TOKENIZER_DIR
 from aiayn.checkpoint.manager import CheckpointManager
+from aiayn.checkpoint.vocab_init import describe, load_with_vocab
 from aiayn.checkpoint.weights import load_model_weights
 from aiayn.config import Config, DecodeConfig, save_config
 from aiayn.data.batching import BatchIterator
@@ -218,20 +219,41 @@ def _note_world_change(cfg: Config, resume_from: Path, saved_world: int, world: 
                 "from an uninterrupted run", resume_from, saved_world, world, batch)
 
 
-def _build_model(cfg: Config, resume_from: Path | None, info: DistInfo) -> Transformer:
-    """The model, initialised from ``train.init_from`` in a fresh run."""
+def _build_model(cfg: Config, resume_from: Path | None, info: DistInfo, tokenizer: Any = None,
+                 report: dict[str, Any] | None = None) -> Transformer:
+    """The model, initialised from ``train.init_from`` in a fresh run; what happened to the
+    vocabulary rows (``train.init_vocab``) goes into ``report``."""
     # Same seed on every process: identical initial weights (DDP also broadcasts them).
     seed_everything(cfg.train.seed)
     model = build_model(cfg.model)
     if cfg.train.init_from and resume_from is None:
         src = resolve_checkpoint(cfg.train.init_from)
         verify_checkpoint(src)
-        load_model_weights(model, src / MODEL_FILE)
+        old_tokenizer = load_tokenizer_dir(src / TOKENIZER_DIR)
+        if old_tokenizer is None or tokenizer is None:
+            if cfg.train.init_vocab != "same":
+                raise ConfigError(f"train.init_vocab: {cfg.train.init_vocab} needs the tokenizers of both the "
+                                  f"run and train.init_from ({src} has none)" if old_tokenizer is None else
+                                  f"train.init_vocab: {cfg.train.init_vocab} needs the run's tokenizer")
+            load_model_weights(model, src / MODEL_FILE)
+        else:
+            result = load_with_vocab(model, src / MODEL_FILE, _pieces(old_tokenizer), _pieces(tokenizer),
+                                     cfg.train.init_vocab, joint=bool(tokenizer.joint and old_tokenizer.joint))
+            if report is not None:
+                report.update(result)
+            if info.is_main:
+                log.info("%s", describe(result))
         log.info("initialised weights from %s", src)
     if info.enabled:
         # Different dropout masks per process; the data already differ by shard.
         torch.manual_seed(cfg.train.seed + 1000003 * info.rank)
     return model
+
+
+def _pieces(tokenizer: Any) -> tuple[list[str], list[str]]:
+    """(source pieces, target pieces), in id order."""
+    return (tokenizer.src_pieces(range(tokenizer.src_vocab_size)),
+            tokenizer.tgt_pieces(range(tokenizer.tgt_vocab_size)))
 
 
 def build_trainer(cfg: Config, run_dir: Path, info: DistInfo, device: torch.device,
@@ -241,9 +263,12 @@ def build_trainer(cfg: Config, run_dir: Path, info: DistInfo, device: torch.devi
     seed_everything(cfg.train.seed)
     data = build_data(cfg, run_dir, info)
     cfg = match_vocab(cfg, data.tokenizer)
-    model = _build_model(cfg, resume_from, info).to(device)
+    init_report: dict[str, Any] = {}
+    model = _build_model(cfg, resume_from, info, data.tokenizer, init_report).to(device)
     optimizer = build_optimizer(model, cfg.train, device)
-    bleu = validation_bleu(data.valid_text, data.tokenizer, cfg.decode, device) if cfg.train.valid_bleu else None
+    # Validation sources start with the target-language tag, as the training sources do.
+    valid_tokenizer = data.tokenizer.tagged(cfg.data.tgt_lang) if cfg.data.tgt_lang_tag else data.tokenizer
+    bleu = validation_bleu(data.valid_text, valid_tokenizer, cfg.decode, device) if cfg.train.valid_bleu else None
     trainer = Trainer(cfg, model, run_dir, train_batches=data.train, valid_batches=data.valid,
                       tokenizer=data.tokenizer, device=device, dist_info=info, optimizer=optimizer, bleu=bleu)
     if resume_from is not None:
@@ -251,6 +276,8 @@ def build_trainer(cfg: Config, run_dir: Path, info: DistInfo, device: torch.devi
         trainer.metrics.truncate_after(trainer.state.step)
         if info.is_main:
             _note_world_change(cfg, resume_from, trainer.state.world_size, info.world_size)
+    if init_report:
+        trainer.summary_extra["init_vocab"] = init_report
     if info.is_main:
         save_config(cfg, run_dir / "config.yaml")
     return trainer

@@ -24,12 +24,14 @@ live in the prepared-data directory and are copied into every checkpoint directo
 
 from __future__ import annotations
 
+import copy
 import heapq
 import io
 import logging
 import math
 import os
 import random
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
@@ -38,9 +40,29 @@ import sentencepiece as spm
 
 from aiayn.errors import DataError
 from aiayn.fileio import write_atomic
+from aiayn.text.shortlist import SHORTLIST_FILE, Shortlist
 from aiayn.vocab import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, SPECIAL_IDS, UNK, UNK_ID
 
 log = logging.getLogger(__name__)
+
+
+_LANG_TAG = re.compile(r"^>>[^\s<>]+<<$")
+_LEADING_TAG = re.compile(r"^\s*(>>[^\s<>]+<<)(?:\s+|$)")
+
+
+def lang_tag(lang: str) -> str:
+    """The target-language tag of ``lang``: ``>>de<<``."""
+    return f">>{lang}<<"
+
+
+def is_lang_tag(piece: str) -> bool:
+    return bool(_LANG_TAG.match(piece))
+
+
+def leading_tag(text: str) -> str | None:
+    """The target-language tag ``text`` starts with (``>>fr<< Bonjour`` -> ``>>fr<<``), if any."""
+    match = _LEADING_TAG.match(text)
+    return match.group(1) if match else None
 
 
 class EmptyTrainingText(DataError):
@@ -77,12 +99,57 @@ class Tokenizer:
         self.tgt_vocab_size: int = self._tgt.get_piece_size()
         for side, proc in (("source", self._src), ("target", self._tgt)):
             _check_special_ids(proc, side)
+        # The target-language tag every source sequence starts with (see tagged()).
+        self._src_prefix: list[int] = []
+        self.src_tag: str | None = None
+        # The vocabulary shortlist of the training data, if prepare built one (saved beside
+        # the model files: every checkpoint carries it).
+        self.shortlist: Shortlist | None = None
+
+    # ------------------------------------------------------------------ language tags
+
+    def lang_tags(self) -> list[str]:
+        """The source vocabulary's target-language tags (``>>de<<``, OPUS-MT's convention)."""
+        return [p for p in (self._src.id_to_piece(i) for i in range(self.src_vocab_size)) if is_lang_tag(p)]
+
+    def has_src_piece(self, piece: str) -> bool:
+        return piece == UNK or self._src.piece_to_id(piece) != UNK_ID
+
+    def tagged(self, tgt_lang: str | None) -> Tokenizer:
+        """This tokenizer with every source sequence starting with the tag ``>>tgt_lang<<``
+        (one piece of the source vocabulary; a :class:`DataError` when it has none); None:
+        without a tag. Encoding the tag's id (not its text) leaves the sentence's own pieces
+        as they are untagged, as Marian's tokenizer does."""
+        out = copy.copy(self)
+        out.src_tag = None if tgt_lang is None else lang_tag(tgt_lang)
+        out._src_prefix = []
+        if out.src_tag is not None:
+            if not self.has_src_piece(out.src_tag):
+                tags = self.lang_tags()
+                raise DataError(f"the source vocabulary has no target-language tag {out.src_tag}"
+                                + (f" (it has {', '.join(tags[:20])}{' ...' if len(tags) > 20 else ''})"
+                                   if tags else " (it has none)"))
+            out._src_prefix = [self._src.piece_to_id(out.src_tag)]
+        return out
 
     # ------------------------------------------------------------------ encode/decode
 
     def encode_src(self, text: str) -> list[int]:
-        """Piece ids of ``text`` followed by EOS (the encoder sees where the sentence ends)."""
-        return self._src.encode(text) + [EOS_ID]
+        """Piece ids of ``text`` followed by EOS (the encoder sees where the sentence ends),
+        after a target-language tag: the text's own (see :meth:`split_tag`), else that of a
+        :meth:`tagged` tokenizer."""
+        prefix, rest = self.split_tag(text)
+        return prefix + self._src.encode(rest) + [EOS_ID]
+
+    def split_tag(self, text: str) -> tuple[list[int], str]:
+        """(tag id(s), the rest of ``text``): a text that starts with a target-language tag
+        of the source vocabulary (``>>fr<< Bonjour``, as Marian's tokenizer reads it) gives
+        that tag's id and the text after it; any other text, this tokenizer's own tag (none
+        unless :meth:`tagged`) and the text unchanged."""
+        match = _LEADING_TAG.match(text)
+        if match and self.has_src_piece(match.group(1)):
+            return [self._src.piece_to_id(match.group(1))], text[match.end():]
+        return self._src_prefix, text
 
     def encode_tgt(self, text: str) -> list[int]:
         """Piece ids only: collation adds BOS (decoder input) and EOS (decoder output)."""
@@ -90,7 +157,9 @@ class Tokenizer:
 
     def encode_src_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """:meth:`encode_src` over many sentences, multi-threaded inside SentencePiece."""
-        return [ids + [EOS_ID] for ids in self._src.encode(list(texts), num_threads=_threads(num_threads))]
+        split = [self.split_tag(t) for t in texts]
+        encoded = self._src.encode([rest for _, rest in split], num_threads=_threads(num_threads))
+        return [prefix + ids + [EOS_ID] for (prefix, _), ids in zip(split, encoded)]
 
     def encode_tgt_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
         """:meth:`encode_tgt` over many sentences, multi-threaded inside SentencePiece."""
@@ -145,6 +214,8 @@ class Tokenizer:
             path = directory / name
             write_atomic(path, data)
             paths.append(path)
+        if self.shortlist is not None:
+            write_atomic(directory / SHORTLIST_FILE, self.shortlist.to_bytes())
         return paths
 
     @classmethod
@@ -152,24 +223,35 @@ class Tokenizer:
         """Load ``directory/spm.model`` (joint) or ``spm.src.model`` + ``spm.tgt.model``."""
         directory = Path(directory)
         joint = directory / JOINT_MODEL
+        src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
         if joint.is_file():
             proto = _read_model(joint)
-            return cls(_processor(proto, joint), src_proto=proto)
-        src, tgt = directory / SRC_MODEL, directory / TGT_MODEL
-        if src.is_file() and tgt.is_file():
+            tok = cls(_processor(proto, joint), src_proto=proto)
+        elif src.is_file() and tgt.is_file():
             sp, tp = _read_model(src), _read_model(tgt)
-            return cls(_processor(sp, src), _processor(tp, tgt), src_proto=sp, tgt_proto=tp)
-        raise DataError(
-            f"{directory}: no tokenizer found (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
+            tok = cls(_processor(sp, src), _processor(tp, tgt), src_proto=sp, tgt_proto=tp)
+        else:
+            raise DataError(
+                f"{directory}: no tokenizer found (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
+        shortlist = directory / SHORTLIST_FILE
+        if shortlist.is_file():
+            tok.shortlist = Shortlist.from_bytes(_read_model(shortlist), str(shortlist))
+        return tok
 
     # Pickling: SentencePiece processors are rebuilt from their serialized models.
     def __getstate__(self) -> dict[str, Any]:
-        return {"src": self._src_proto, "tgt": None if self.joint else self._tgt_proto}
+        return {"src": self._src_proto, "tgt": None if self.joint else self._tgt_proto, "src_tag": self.src_tag,
+                "shortlist": None if self.shortlist is None else self.shortlist.to_bytes()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         src = _processor(state["src"], "<pickled>")
         tgt = None if state["tgt"] is None else _processor(state["tgt"], "<pickled>")
         self.__init__(src, tgt, src_proto=state["src"], tgt_proto=state["tgt"])  # type: ignore[misc]
+        if state.get("src_tag"):
+            self._src_prefix = [self._src.piece_to_id(state["src_tag"])]
+            self.src_tag = state["src_tag"]
+        if state.get("shortlist") is not None:
+            self.shortlist = Shortlist.from_bytes(state["shortlist"], "<pickled>")
 
     def __repr__(self) -> str:
         if self.joint:
@@ -193,6 +275,7 @@ def train_tokenizer(
     tgt_model_type: str | None = None,
     seed: int = 1,
     num_threads: int = -1,
+    src_control_symbols: Sequence[str] = (),
 ) -> Tokenizer:
     """Train SentencePiece model(s) and write them into ``out_dir``.
 
@@ -207,6 +290,8 @@ def train_tokenizer(
     ``model_type="word"`` makes every whitespace-separated symbol one piece (synthetic tasks,
     the tree side of parsing). The vocabulary limit is soft (``hard_vocab_limit=False``): a
     small corpus yields fewer pieces rather than an error; the real size is on the result.
+    ``src_control_symbols`` (e.g. target-language tags, ``>>de<<``) are pieces of the source
+    (joint) model that encoding text never produces: their ids are inserted by the caller.
     """
     out_dir = Path(out_dir)
     tgt_vocab_size = vocab_size if tgt_vocab_size is None else tgt_vocab_size
@@ -216,11 +301,12 @@ def train_tokenizer(
             raise DataError(f"unknown SentencePiece model type {mt!r}; choose from {', '.join(MODEL_TYPES)}")
     common = _TrainOptions(character_coverage=character_coverage, input_sentence_size=input_sentence_size,
                            seed=seed, num_threads=num_threads)
+    controls = list(src_control_symbols)
     if joint:
-        proto = _train_one(_chain(src_texts, tgt_texts), vocab_size, model_type, **common)
+        proto = _train_one(_chain(src_texts, tgt_texts), vocab_size, model_type, control_symbols=controls, **common)
         tok = Tokenizer(_processor(proto, "trained model"), src_proto=proto)
     else:
-        sp = _train_one(_chain(src_texts), vocab_size, model_type, **common)
+        sp = _train_one(_chain(src_texts), vocab_size, model_type, control_symbols=controls, **common)
         tp = _train_one(_chain(tgt_texts), tgt_vocab_size, tgt_model_type, **common)
         tok = Tokenizer(_processor(sp, "trained source model"), _processor(tp, "trained target model"),
                         src_proto=sp, tgt_proto=tp)
@@ -245,7 +331,8 @@ class _TrainOptions(TypedDict):
 
 
 def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, character_coverage: float,
-               input_sentence_size: int, seed: int, num_threads: int) -> bytes:
+               input_sentence_size: int, seed: int, num_threads: int,
+               control_symbols: Sequence[str] = ()) -> bytes:
     buf = io.BytesIO()
     # SentencePiece samples input sentences with its own global generator; seeding it makes
     # the trained model (and hence every id downstream) reproducible.
@@ -262,6 +349,8 @@ def _train_one(sentences: Iterator[str], vocab_size: int, model_type: str, *, ch
         # Long sentences (WMT has some) are otherwise skipped silently by the trainer.
         max_sentence_length=1 << 16,
     )
+    if control_symbols:
+        options["control_symbols"] = list(control_symbols)
     if model_type == "word":
         # Symbols like "s10" must stay whole, digits included.
         options["split_digits"] = False

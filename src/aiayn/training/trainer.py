@@ -109,6 +109,8 @@ class Trainer:
         self.device = torch.device(device)
         self.dist = dist_info or DistInfo()
         self.run_dir = Path(run_dir) if run_dir is not None else None
+        # Entries the run adds to train_summary.json (e.g. how init_from's vocabulary mapped).
+        self.summary_extra: dict[str, Any] = {}
         self.train_batches = train_batches
         self.tokenizer = tokenizer
         # The precision in effect: train.dtype with "auto" resolved for this device.
@@ -423,6 +425,7 @@ class Trainer:
                               elapsed=self.elapsed(), world_size=self.dist.world_size, device=self.device,
                               dtype=self.dtype, last_checkpoint=checkpoints.last() if checkpoints else None,
                               best_checkpoint=checkpoints.best() if checkpoints else None)
+        summary.update(self.summary_extra)
         if self.dist.is_main and self.run_dir is not None:
             (self.run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1), encoding="utf-8")
         if stop_reason == "diverged":

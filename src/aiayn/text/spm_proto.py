@@ -6,7 +6,8 @@ Importing a Marian model needs SentencePiece models whose ids are aiayn's (pad 0
 bos 2, eos 3, then the model's vocabulary rows): :func:`rebuild_model` writes one from the
 Marian model's own file, re-ordering the pieces but keeping each piece's score and type, so
 segmentation is unchanged (BPE merges and unigram costs depend on scores, not on ids). A
-piece's id is its position in ``ModelProto.pieces``.
+piece's id is its position in ``ModelProto.pieces``. Extending a vocabulary
+(:mod:`aiayn.text.extend`) appends pieces with :func:`append_pieces`, every earlier id kept.
 """
 
 from __future__ import annotations
@@ -71,4 +72,26 @@ def rebuild_model(template: bytes, pieces: list[Piece], *, unk_id: int, bos_id: 
     spec.unk_id, spec.bos_id, spec.eos_id, spec.pad_id = unk_id, bos_id, eos_id, pad_id
     spec.unk_piece, spec.bos_piece = pieces[unk_id].piece, pieces[bos_id].piece
     spec.eos_piece, spec.pad_piece = pieces[eos_id].piece, pieces[pad_id].piece
+    return bytes(model.SerializeToString())
+
+
+def model_type(proto: bytes) -> str:
+    """The model's algorithm: ``unigram``, ``bpe``, ``word`` or ``char``."""
+    names = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
+    return names.get(int(_model(proto).trainer_spec.model_type), "unigram")
+
+
+def append_pieces(proto: bytes, pieces: list[Piece]) -> bytes:
+    """``proto`` with ``pieces`` added after its own (whose ids do not change); a piece the
+    model already has is a :class:`ProtoError`."""
+    model = _model(proto)
+    have = {p.piece for p in model.pieces}
+    for p in pieces:
+        if p.piece in have:
+            raise ProtoError(f"the model already has the piece {p.piece!r}")
+        have.add(p.piece)
+        model.pieces.add(piece=p.piece, score=p.score, type=p.type)
+    # self_test_data (an unknown field to the wheel's ModelProto) was written for the old pieces.
+    model.DiscardUnknownFields()
+    model.trainer_spec.vocab_size = len(model.pieces)
     return bytes(model.SerializeToString())

@@ -1,0 +1,166 @@
+"""The vocabulary shortlist: built from training pairs, carried by the tokenizer (and so by
+every checkpoint), and applied per batch by --shortlist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
+from aiayn.config import Config, DataConfig, ModelConfig
+from aiayn.data.prepare import load_tokenizer, prepare_data
+from aiayn.errors import ConfigError
+from aiayn.inference.translator import Translator
+from aiayn.model import build_model
+from aiayn.text.shortlist import Shortlist, build_shortlist
+from aiayn.text.tokenizer import EOS_ID, UNK_ID
+
+SRC = ["a small dog runs", "the red house", "two men play football in the park", "hello there",
+       "a red dog", "the small house", "two dogs play", "men run in the park"] * 6
+TGT = ["ein kleiner hund rennt", "das rote haus", "zwei männer spielen fußball im park", "hallo da",
+       "ein roter hund", "das kleine haus", "zwei hunde spielen", "männer rennen im park"] * 6
+
+
+def test_build_shortlist_golden():
+    # ids: 0-3 specials; source pieces 4, 5, 6; target pieces 4..8.
+    pairs = [([4, 5, 3], [4, 5]), ([4, 6, 3], [4, 6]), ([5, 3], [5, 7]), ([4, 3], [4, 8])]
+    sl = build_shortlist(pairs, src_vocab=7, tgt_vocab=9, k=2, frequent=2)
+    # Dice(s, t) = 2 cooc / (df(s) + df(t)); df src: 4->3, 5->2, 6->1; df tgt: 4->3, 5->2, 6,7,8->1.
+    # s=4: t4 2*3/6=1.0, t5 2/5, t6 2/4, t8 2/4 -> [4, 6] (6 before 8: the lower id among equals).
+    # s=5: t5 2*2/4=1.0, t7 2/3, t4 2/5 -> [5, 7]; s=6: t6 2/2, t4 2/4 -> [6, 4].
+    assert sl.table.tolist() == [[-1, -1]] * 4 + [[4, 6], [5, 7], [6, 4]]
+    assert sl.frequent.tolist() == [4, 5]  # target counts: 4 x3, 5 x2, then 6, 7, 8 once
+    assert sl.rows([5, 3, 0]).tolist() == [EOS_ID, 4, 5, 7]
+    assert sl.rows([6], extra=[8]).tolist() == [EOS_ID, 4, 5, 6, 8]
+    back = Shortlist.from_bytes(sl.to_bytes())
+    assert torch.equal(back.table, sl.table) and torch.equal(back.frequent, sl.frequent)
+
+
+def _write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("shortlist")
+    cfg = DataConfig(train_src=_write(tmp / "t.en", SRC), train_tgt=_write(tmp / "t.de", TGT), vocab_size=70,
+                     shortlist_k=3, shortlist_frequent=4)
+    summary = prepare_data(cfg, tmp / "prepared", progress=False)
+    assert summary["shortlist"] == {"k": 3, "frequent": 4}
+    return tmp / "prepared"
+
+
+def _config(tok) -> Config:
+    return Config(model=ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=1,
+                                    src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
+                                    max_positions=64, share_embeddings="none", output_bias=True))
+
+
+def _model(tok, seed: int = 0):
+    torch.manual_seed(seed)
+    model = build_model(_config(tok).model)
+    with torch.no_grad():
+        model.output_bias.normal_()
+    return model
+
+
+def test_prepare_builds_it_and_checkpoints_carry_it(prepared, tmp_path):
+    tok = load_tokenizer(prepared)
+    assert tok.shortlist is not None and tok.shortlist.table.shape == (tok.src_vocab_size, 3)
+    ckpt = save_checkpoint(tmp_path / "ckpt", _model(tok), _config(tok), tok)
+    again = load_checkpoint(ckpt).tokenizer
+    assert torch.equal(again.shortlist.table, tok.shortlist.table)
+    # Prepared again without it: none (a reused tokenizer's is dropped).
+    cfg = DataConfig(train_src=str(prepared.parent / "t.en"), train_tgt=str(prepared.parent / "t.de"),
+                     vocab_size=70)
+    prepare_data(cfg, prepared.parent / "plain", progress=False)
+    assert load_tokenizer(prepared.parent / "plain").shortlist is None
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int8"])
+def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, dtype):
+    tok = load_tokenizer(prepared)
+    v = tok.tgt_vocab_size
+    tok.shortlist = Shortlist(torch.arange(v).repeat(tok.src_vocab_size, 1), torch.arange(v))
+    tr = Translator(_model(tok), tok, Config(), dtype=dtype)
+    texts = SRC[:8]
+    for beam in (1, 4):
+        full = tr.translate_detailed(texts, nbest=beam, beam=beam, max_len_b=8)
+        short = tr.translate_detailed(texts, nbest=beam, beam=beam, max_len_b=8, shortlist=True)
+        assert [[(h.tokens, h.score) for h in r.hypotheses] for r in full] == [
+            [(h.tokens, h.score) for h in r.hypotheses] for r in short]
+
+
+def test_the_search_only_emits_the_batch_shortlist(prepared):
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok, seed=3), tok, Config())
+    changed = 0
+    for text in SRC[:8]:  # one sentence, one batch: its list is the batch's
+        allowed = set(tok.shortlist.rows(tok.encode_src(text)).tolist())
+        assert len(allowed) < tok.tgt_vocab_size
+        for beam in (1, 4):
+            result = tr.translate_detailed([text], nbest=beam, beam=beam, max_len_b=10, shortlist=True)[0]
+            for h in result.hypotheses:
+                assert set(h.tokens) <= allowed, (text, h.tokens)
+            full = tr.translate_detailed([text], beam=beam, max_len_b=10)[0]
+            changed += full.best.tokens != result.best.tokens
+    assert changed  # a random model wanders outside the lists: the restriction bites
+    # A batch of several sentences: the union of their lists.
+    results = tr.translate_detailed(SRC[:4], beam=2, max_len_b=10, shortlist=True)
+    allowed = set(tok.shortlist.rows([i for t in SRC[:4] for i in tok.encode_src(t)]).tolist())
+    assert all(set(r.best.tokens) <= allowed for r in results)
+
+
+def test_forced_prefix_pieces_join_the_shortlist(prepared):
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok), tok, Config())
+    result = tr.translate_detailed(["hello there"], prefixes=["zwei männer"], max_len_b=6, shortlist=True)[0]
+    assert result.best.tokens[:len(tok.encode_tgt("zwei männer"))] == tok.encode_tgt("zwei männer")
+
+
+def test_no_shortlist_in_the_checkpoint_is_a_clear_error(prepared):
+    tok = load_tokenizer(prepared)
+    tok.shortlist = None
+    with pytest.raises(ConfigError, match="the checkpoint has no vocabulary shortlist"):
+        Translator(_model(tok), tok, Config()).translate(["hello"], shortlist=True)
+
+
+def test_prepare_command_line_builds_it(prepared, tmp_path):
+    from aiayn.cli.main import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["prepare", "--train-src", str(prepared.parent / "t.en"), "--train-tgt", str(prepared.parent / "t.de"),
+              "--vocab-size", "70", "--shortlist-k", "2", "--shortlist-frequent", "1", "--out", str(tmp_path / "p"),
+              "--quiet"])
+    assert exc.value.code == 0
+    sl = load_tokenizer(tmp_path / "p").shortlist
+    assert sl is not None and sl.table.size(1) == 2 and len(sl.frequent) == 1
+
+
+def test_ctranslate2_export_carries_it_as_a_vocabulary_map(prepared, tmp_path):
+    """The shortlist becomes CTranslate2's vmap.txt; with full lists it changes nothing there
+    either, and a real one keeps CTranslate2's output inside the lists too."""
+    pytest.importorskip("ctranslate2")
+    pytest.importorskip("transformers")
+    from aiayn.interop.ct2_translator import CTranslate2Translator
+    from aiayn.interop.ctranslate2 import export_ctranslate2, vmap_text
+
+    tok = load_tokenizer(prepared)
+    lines = vmap_text(tok).splitlines()
+    assert lines[0] == "\t" + " ".join(tok.tgt_pieces(tok.shortlist.frequent.tolist()))
+    first = next(i for i, row in enumerate(tok.shortlist.table.tolist()) if row[0] >= 0)
+    row = [t for t in tok.shortlist.table[first].tolist() if t >= 0]
+    assert f"{tok.src_pieces([first])[0]}\t{' '.join(tok.tgt_pieces(row))}" in lines
+    ckpt = save_checkpoint(tmp_path / "ckpt", _model(tok, seed=3), _config(tok), tok)
+    ct2 = CTranslate2Translator(export_ctranslate2(ckpt, tmp_path / "ct2"), threads=1)
+    assert (tmp_path / "ct2" / "vmap.txt").read_text(encoding="utf-8") == vmap_text(tok)
+    outside = 0
+    for text in SRC[:8]:
+        allowed = set(tok.shortlist.rows(tok.encode_src(text)).tolist()) | {UNK_ID}  # CTranslate2 keeps <unk>
+        best = ct2.translate_detailed([text], beam=2, max_len_b=10, shortlist=True)[0].best
+        assert set(best.tokens) <= allowed, text
+        outside += not set(ct2.translate_detailed([text], beam=2, max_len_b=10)[0].best.tokens) <= allowed
+    assert outside  # without the map, the random model leaves the lists
