@@ -121,6 +121,19 @@ def test_forced_prefix_pieces_join_the_shortlist(prepared):
     assert result.best.tokens[:len(tok.encode_tgt("zwei männer"))] == tok.encode_tgt("zwei männer")
 
 
+def test_required_constraint_pieces_join_the_shortlist(prepared):
+    """A required phrase outside the sentence's list is still placed: its pieces join the list."""
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok), tok, Config())
+    allowed = set(tok.shortlist.rows(tok.encode_src("hello there")).tolist())
+    phrase = next(w for w in ("fußball", "männer", "haus", "park")
+                  if not set(tok.encode_tgt(w)) <= allowed)
+    result = tr.translate_detailed(["hello there"], constraints=[[phrase]], max_len_b=8, shortlist=True)[0]
+    pieces = tok.encode_tgt(phrase)
+    tokens = result.best.tokens
+    assert any(tokens[i:i + len(pieces)] == pieces for i in range(len(tokens)))
+
+
 def test_no_shortlist_in_the_checkpoint_is_a_clear_error(prepared):
     tok = load_tokenizer(prepared)
     tok.shortlist = None
