@@ -131,7 +131,9 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
 
     from aiayn.inference.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype,
+    device = options.device(args)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device,
+                                            dtype=options.dtype(args, device, quiet=args.quiet),
                                             ensemble=args.ensemble)
     sources, streams, what, tgt = sources_and_references(args, translator)
     overrides = options.decode_overrides(args)

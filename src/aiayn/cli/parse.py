@@ -103,8 +103,9 @@ def run(args: argparse.Namespace) -> int:
     decode = options.decode_overrides(args)
     sentences, gold = _read_input(args) if args.input else ([], None)
     # Parser takes the device by name.
-    parser = Parser.from_checkpoint(args.checkpoint, device=str(options.device(args)), dtype=args.dtype,
-                                    ensemble=args.ensemble)
+    device = options.device(args)
+    dtype = options.dtype(args, device, quiet=args.quiet)
+    parser = Parser.from_checkpoint(args.checkpoint, device=str(device), dtype=dtype, ensemble=args.ensemble)
     settings = parser.decode_settings(**decode)  # a bad option fails before any decoding
     problem = parser.length_problem([s.split() for s in sentences], settings)
     if problem is not None:

@@ -89,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", default="-", help="output file, or - for stdout (default)")
     options.add_decode_flags(p)
     options.add_device_flags(p)
-    options.add_compile(p)
+    options.add_compile(p, "where the input file's line count is estimated to win the warm-up back "
+                           "(never for standard input or a few lines)")
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
     p.add_argument("--alignment", action="store_true",
@@ -250,8 +251,9 @@ class _Job:
         self.output = _check_output(args)
         # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
         self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
-        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=args.dtype,
-                                                     compile=args.compile, ensemble=args.ensemble)
+        dtype = options.dtype(args, device, quiet=args.quiet)
+        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=dtype,
+                                                     compile=args.compile == "on", ensemble=args.ensemble)
         self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
         self.where = "<stdin>" if args.input == "-" else args.input
         self.stream = _is_stream(args.input)
@@ -259,6 +261,10 @@ class _Job:
         self.identity: dict[str, Any] | None = None
         if not self.stream:
             self._scan()
+        if args.compile == "auto" and self.translator.compile_pays(self.total):
+            if not args.quiet:
+                print(f"compile auto -> on ({self.total} lines win its warm-up back)", file=sys.stderr)
+            self.translator.use_compiled()
 
     def _scan(self) -> None:
         """One pass over a regular input file (and prefix file) before any translation."""
@@ -288,7 +294,7 @@ class _Job:
         args = self.args
         flags = {"--format": args.format, "--scores": args.scores, "--alignment": args.alignment,
                  "--truncate": args.truncate, "--on-invalid-utf8": args.on_invalid_utf8,
-                 "--chunk-size": args.chunk_size, "--dtype": args.dtype, "--compile": args.compile,
+                 "--chunk-size": args.chunk_size, "--dtype": self.translator.dtype, "--compile": args.compile,
                  "--ensemble": args.ensemble, "--device": self.translator.device.type}
         return {"input": scan.sha256, "--prefix-file": prefix.sha256 if prefix else None,
                 "--checkpoint": translate_io.checkpoint_identity(self.checkpoints),
@@ -383,6 +389,7 @@ def run(args: argparse.Namespace) -> int:
                   "--resume continues it", file=sys.stderr)
         raise
     out.finish()
+    job.translator.record_compiled()
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
 
     _check_args(args)
     _check_split(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype,
+    device = options.device(args)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device,
+                                            dtype=options.dtype(args, device, quiet=args.quiet),
                                             ensemble=args.ensemble)
     sources, streams, what, tgt = _texts(args, translator)
     fixed = options.decode_overrides(args)
