@@ -72,3 +72,10 @@ def test_the_pinned_precision_is_said_too(tiny_checkpoint: Path, run_cli, monkey
     monkeypatch.setenv(DTYPE_ENV, "fp64")
     code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint)], stdin=b"a man\n")
     assert code == 2 and "AIAYN_DTYPE='fp64': choose from auto, fp32, bf16, fp16, int8" in err
+
+
+def test_an_error_stays_the_only_line(tiny_checkpoint: Path, run_cli, tmp_path: Path, bf16_cpu) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"a man\n\xff\n")
+    code, out, err = run_cli(["translate", "--checkpoint", str(tiny_checkpoint), "-i", str(bad)])
+    assert code == 2 and out == b"" and len(err.strip().splitlines()) == 1 and ":2:" in err

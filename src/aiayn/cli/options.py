@@ -14,7 +14,7 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import INFERENCE_DTYPES, DecodeConfig, decode_options
-from aiayn.runtime import DTYPE_ENV, resolve_device, resolve_inference_dtype
+from aiayn.runtime import DTYPE_ENV, DtypeChoice, resolve_device, resolve_inference_dtype
 
 if TYPE_CHECKING:  # torch is imported lazily: `aiayn --help` should not load it
     import torch
@@ -130,10 +130,14 @@ def device(args: argparse.Namespace) -> torch.device:
     return resolve_device(args.device, field="--device")
 
 
-def dtype(args: argparse.Namespace, device: torch.device | str, quiet: bool = False) -> str:
-    """The parsed ``--dtype``, resolved for ``device`` (:func:`aiayn.runtime.resolve_inference_dtype`);
-    for ``auto``, what it chose and why is printed on stderr in one line (unless ``quiet``)."""
-    choice = resolve_inference_dtype(args.dtype, device)
+def dtype(args: argparse.Namespace, device: torch.device | str) -> DtypeChoice:
+    """The parsed ``--dtype``, resolved for ``device`` (:func:`aiayn.runtime.resolve_inference_dtype`)
+    before the model loads: pass ``.dtype`` on, and :func:`say_dtype` once the checks are done."""
+    return resolve_inference_dtype(args.dtype, device)
+
+
+def say_dtype(choice: DtypeChoice, quiet: bool = False) -> None:
+    """For ``auto``: what it chose and why, one line on stderr (unless ``quiet``). Said when
+    the work starts, after every check, so that an error stays the only line."""
     if choice.auto and not quiet:
         print(choice.describe(), file=sys.stderr)
-    return choice.dtype

@@ -104,13 +104,14 @@ def run(args: argparse.Namespace) -> int:
     sentences, gold = _read_input(args) if args.input else ([], None)
     # Parser takes the device by name.
     device = options.device(args)
-    dtype = options.dtype(args, device, quiet=args.quiet)
-    parser = Parser.from_checkpoint(args.checkpoint, device=str(device), dtype=dtype, ensemble=args.ensemble)
+    dtype = options.dtype(args, device)
+    parser = Parser.from_checkpoint(args.checkpoint, device=str(device), dtype=dtype.dtype, ensemble=args.ensemble)
     settings = parser.decode_settings(**decode)  # a bad option fails before any decoding
     problem = parser.length_problem([s.split() for s in sentences], settings)
     if problem is not None:
         raise DataError(f"{'<stdin>' if args.input == '-' else args.input}:{problem[0] + 1}: {problem[1]}")
     total = len(sentences) if args.input else None
+    options.say_dtype(dtype, args.quiet)
     scores: dict[str, Any] | None = None
     with tqdm(total=total, unit="sent", file=sys.stderr, disable=args.quiet, desc="parse") as bar:
         if args.prepared:

@@ -70,7 +70,9 @@ def run_attention(args: argparse.Namespace) -> int:
     if not args.text.strip():
         raise AiaynError("--text: empty sentence")
     device = options.device(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=options.dtype(args, device))
+    dtype = options.dtype(args, device)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype)
+    options.say_dtype(dtype)
     overrides = options.decode_overrides(args)
     result = translator.translate_detailed([args.text], nbest=1, attention=True, **overrides)[0]
     hyp = result.hypotheses[0]

@@ -197,7 +197,9 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
     from aiayn.inference.translator import Translator
 
     dtype = options.dtype(args, device)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype, compile=args.compile == "on")
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
+                                            compile=args.compile == "on")
+    options.say_dtype(dtype)
     if args.compile == "on":
         _compile_now(translator)
     return translator

@@ -251,8 +251,8 @@ class _Job:
         self.output = _check_output(args)
         # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
         self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
-        dtype = options.dtype(args, device, quiet=args.quiet)
-        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=dtype,
+        self.dtype = options.dtype(args, device)
+        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=self.dtype.dtype,
                                                      compile=args.compile == "on", ensemble=args.ensemble)
         self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
         self.where = "<stdin>" if args.input == "-" else args.input
@@ -261,8 +261,13 @@ class _Job:
         self.identity: dict[str, Any] | None = None
         if not self.stream:
             self._scan()
-        if args.compile == "auto" and self.translator.compile_pays(self.total):
-            if not args.quiet:
+        self.compiling = args.compile == "auto" and self.translator.compile_pays(self.total)
+
+    def start(self) -> None:
+        """Say what auto chose (after every check: an error stays the only line on stderr)."""
+        options.say_dtype(self.dtype, self.args.quiet)
+        if self.compiling:
+            if not self.args.quiet:
                 print(f"compile auto -> on ({self.total} lines win its warm-up back)", file=sys.stderr)
             self.translator.use_compiled()
 
@@ -380,6 +385,7 @@ def _check_output(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     job = _Job(args)
     out = job.open_output()
+    job.start()
     start = time.perf_counter()
     try:
         done = job.run(out)
