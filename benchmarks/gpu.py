@@ -402,7 +402,7 @@ def build_decode_models(root: Path, sizes: Sizes) -> dict[str, Path]:
     model = build_model(cfg.model).eval()
     paths = {"aiayn": save_checkpoint(root / "aiayn", model, cfg, tok)}
     try:
-        from aiayn.interop.hf_marian import save_hf_dir
+        from aiayn.interop.hf_export import save_hf_dir
 
         save_hf_dir(model, cfg, tok, root / "hf", warn_generation=False)
         paths["hf"] = root / "hf"

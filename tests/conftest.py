@@ -61,6 +61,11 @@ def pytest_make_collect_report(collector: pytest.Collector) -> object:
 # Two cores on CI: keep torch from oversubscribing when pytest runs alongside builds.
 torch.set_num_threads(int(os.environ.get("AIAYN_TEST_THREADS", "2")))
 
+# Inference defaults to dtype auto, whose choice depends on the CPU: a test that does not ask
+# for a precision runs fp32 on every machine, in-process and in the commands it starts
+# (tests of auto itself clear it).
+os.environ["AIAYN_DTYPE"] = "fp32"
+
 
 @pytest.fixture
 def tiny_config() -> ModelConfig:

@@ -19,16 +19,20 @@ def test_allocator_tuned_once_on_glibc_and_opt_out_respected():
     assert _run({"AIAYN_MALLOC": "system"}) == "False False"
 
 
+def _flags(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
+    """The CPU seen by every precision choice: these flags."""
+    from aiayn import runtime
+
+    monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset(names))
+
+
 @pytest.mark.parametrize("avx512_bf16, amx, expected", [(False, False, "fp32"), (True, False, "bf16"),
                                                          (False, True, "bf16")])
 def test_dtype_auto_is_bf16_only_where_the_cpu_runs_it_natively(monkeypatch: pytest.MonkeyPatch,
                                                                  avx512_bf16: bool, amx: bool, expected: str):
-    import torch
-
     from aiayn.runtime import resolve_train_dtype
 
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    _flags(monkeypatch, "avx2", *(["avx512_bf16"] if avx512_bf16 else []), *(["amx_tile"] if amx else []))
     assert resolve_train_dtype("auto", "cpu") == expected
     # An explicit choice is kept whatever the hardware.
     assert resolve_train_dtype("bf16", "cpu") == "bf16"
@@ -42,15 +46,14 @@ def test_trainer_resolves_dtype_auto(monkeypatch: pytest.MonkeyPatch):
     from aiayn.model import build_model
     from aiayn.training.trainer import Trainer
 
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    _flags(monkeypatch, "avx2", "avx512_vnni")
     cfg = Config(model=ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
                                    src_vocab_size=16, tgt_vocab_size=16),
                  train=TrainConfig(dtype="auto"))
     cfg.validate()
     trainer = Trainer(cfg, build_model(cfg.model), device="cpu")
     assert (trainer.dtype, trainer.amp_dtype) == ("fp32", None)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    _flags(monkeypatch, "avx2", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
     trainer = Trainer(cfg, build_model(cfg.model), device="cpu")
     assert (trainer.dtype, trainer.amp_dtype) == ("bf16", torch.bfloat16)
 
@@ -111,3 +114,77 @@ def test_every_compute_command_applies_threads_before_it_runs(monkeypatch: pytes
         assert exit_.value.code == 0 and seen == [(1, 1)]
     finally:
         torch.set_num_threads(before)
+
+
+# CPU flag sets of the kinds the project runs on -> what `--dtype auto` picks and prints.
+DTYPE_AUTO_CASES = [
+    (("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"), "int8", "AMX"),
+    (("avx2", "avx512f", "avx512_vnni", "avx512_bf16"), "int8", "AVX-512 VNNI"),
+    (("avx2", "avx512f", "avx512_vnni"), "int8", "AVX-512 VNNI"),
+    (("avx2", "avx_vnni"), "int8", "AVX-VNNI"),
+    (("avx2", "avx512f", "avx512_bf16"), "bf16", "AVX-512 BF16"),
+    (("avx2",), "fp32", "no VNNI or bf16 units"),
+    ((), "fp32", "no VNNI or bf16 units"),
+]
+
+
+@pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_CASES)
+def test_dtype_auto_on_the_cpu_follows_its_flags(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
+    from aiayn.runtime import DTYPE_ENV, auto_inference_dtype, resolve_inference_dtype
+
+    assert auto_inference_dtype("cpu", frozenset(flags)).dtype == dtype
+    monkeypatch.delenv(DTYPE_ENV, raising=False)
+    _flags(monkeypatch, *flags)
+    choice = resolve_inference_dtype("auto", "cpu")
+    assert (choice.dtype, choice.reason, choice.auto) == (dtype, reason, True)
+    assert choice.describe() == f"dtype auto -> {dtype} ({reason})"
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16"), (False, "fp16")])
+def test_dtype_auto_on_a_gpu_is_bf16_where_supported_else_fp16(monkeypatch: pytest.MonkeyPatch, bf16, expected):
+    import torch
+
+    from aiayn.runtime import auto_inference_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    assert auto_inference_dtype("cuda:0").dtype == expected
+
+
+def test_an_explicit_dtype_skips_auto_and_the_environment_pins_auto(monkeypatch: pytest.MonkeyPatch):
+    from aiayn.errors import ConfigError
+    from aiayn.runtime import DTYPE_ENV, resolve_inference_dtype
+
+    _flags(monkeypatch, "avx512_vnni")
+    monkeypatch.setenv(DTYPE_ENV, "bf16")
+    for name in ("fp32", "bf16", "fp16", "int8"):
+        assert resolve_inference_dtype(name, "cpu") == resolve_inference_dtype(name, "cuda")
+        assert resolve_inference_dtype(name, "cpu").describe() == f"dtype {name}"
+    assert resolve_inference_dtype("auto", "cpu").describe() == "dtype auto -> bf16 ($AIAYN_DTYPE)"
+    monkeypatch.setenv(DTYPE_ENV, "auto")
+    assert resolve_inference_dtype("auto", "cpu").dtype == "int8"
+    monkeypatch.setenv(DTYPE_ENV, "float8")
+    with pytest.raises(ConfigError, match="AIAYN_DTYPE='float8': choose from auto, fp32"):
+        resolve_inference_dtype("auto", "cpu")
+    with pytest.raises(ConfigError, match="--dtype fp64: choose from auto, fp32"):
+        resolve_inference_dtype("fp64", "cpu")
+
+
+def test_cpu_flags_read_cpuinfo_once(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    from aiayn import runtime
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx_vnni\nbugs\t: none\n"
+                       "processor\t: 1\nflags\t\t: fpu amx_int8\n")
+    monkeypatch.setattr(runtime, "CPUINFO", cpuinfo)
+    runtime.cpu_flags.cache_clear()
+    try:
+        flags = runtime.cpu_flags()
+        assert {"fpu", "sse2", "avx2", "avx_vnni"} <= flags and "amx_int8" not in flags  # the first CPU's line
+        cpuinfo.write_text("flags\t\t: amx_int8\n")
+        assert runtime.cpu_flags() is flags  # read once per process
+        monkeypatch.setattr(runtime, "CPUINFO", tmp_path / "missing")
+        runtime.cpu_flags.cache_clear()
+        assert runtime.cpu_flags() <= set(runtime._TORCH_CPU_PROBES)  # elsewhere: torch's probes alone
+    finally:
+        runtime.cpu_flags.cache_clear()

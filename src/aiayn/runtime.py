@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.errors import ConfigError
@@ -55,6 +58,37 @@ def tune_allocator() -> bool:
     return _applied
 
 
+# x86 feature flags (named as Linux's /proc/cpuinfo names them) that torch probes on every OS.
+_TORCH_CPU_PROBES = {"avx2": "_is_avx2_supported", "avx512f": "_is_avx512_supported",
+                     "avx512_vnni": "_is_vnni_supported", "avx512_bf16": "_is_avx512_bf16_supported",
+                     "amx_tile": "_is_amx_tile_supported", "amx_fp16": "_is_amx_fp16_supported"}
+CPUINFO = Path("/proc/cpuinfo")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags, as Linux names them (``avx512_vnni``, ``amx_int8``, ...):
+    what torch's probes report, plus the first ``flags`` line of /proc/cpuinfo where there is
+    one (it names more: ``avx_vnni``, ``amx_int8``, ``amx_bf16``). Read once per process; the
+    precision choices below all read the CPU through this function."""
+    import torch
+
+    flags = {name for name, probe in _TORCH_CPU_PROBES.items() if bool(getattr(torch.cpu, probe, lambda: False)())}
+    try:
+        with CPUINFO.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags.update(line.partition(":")[2].split())
+                    break
+    except OSError:  # not Linux: torch's probes alone
+        pass
+    return frozenset(flags)
+
+
+def _amx(flags: frozenset[str] | set[str]) -> bool:
+    return bool({"amx_tile", "amx_int8", "amx_bf16"} & flags)
+
+
 def native_bf16(device: torch.device | str) -> bool:
     """Whether bfloat16 matmuls run on dedicated hardware on ``device``.
 
@@ -69,8 +103,8 @@ def native_bf16(device: torch.device | str) -> bool:
         return cuda_native_bf16(device)
     if device.type != "cpu":
         return False
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(torch.cpu, name, lambda: False)()) for name in probes)
+    flags = cpu_flags()
+    return "avx512_bf16" in flags or _amx(flags)
 
 
 def resolve_train_dtype(dtype: str, device: torch.device | str) -> str:
@@ -91,6 +125,118 @@ def torch_dtype(name: str) -> torch.dtype | None:
 
     resolved = TORCH_DTYPES[name]
     return None if resolved == "float32" else getattr(torch, resolved)
+
+
+# The precisions inference runs in (`--dtype`), besides "auto".
+INFERENCE_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+DTYPE_ENV = "AIAYN_DTYPE"
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """The precision inference runs in, and why: ``reason`` names the hardware feature that
+    made ``auto`` choose it, or where an explicit choice came from."""
+
+    dtype: str  # fp32 | bf16 | fp16 | int8
+    reason: str
+    auto: bool = True  # chosen for "auto" (else given explicitly)
+
+    def describe(self) -> str:
+        """One line for the commands to print, e.g. ``dtype auto -> int8 (AVX-512 VNNI)``."""
+        return f"dtype auto -> {self.dtype} ({self.reason})" if self.auto else f"dtype {self.dtype}"
+
+
+def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[str] | set[str] | None = None
+                         ) -> DtypeChoice:
+    """The fastest precision whose translations stay within the quality guard of float32
+    (the slow Multi30k test) on ``device``; ``flags``: the CPU's (default :func:`cpu_flags`).
+
+    CPU: int8 (int8 weights, per-token int8 inputs: ``aiayn.inference.quantize``) where the
+    CPU has int8 dot-product instructions (VNNI, or AMX's int8 tiles); else bf16 where it
+    has bf16 units (AVX-512 BF16, AMX); else fp32 (bf16 emulated is slower than fp32, and int8
+    without VNNI runs on a slow exact fallback). Where both are native, int8 wins: an int8
+    dot-product instruction does twice the multiply-adds of a bf16 one, so its matmuls
+    have twice bf16's ceiling, and its per-token scales keep BLEU with fp32's. CUDA: bf16 where
+    the GPU supports it, else fp16. Any other device: fp32.
+    """
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return DtypeChoice("bf16", "CUDA, bf16 supported")
+        return DtypeChoice("fp16", "CUDA, no bf16")
+    if device.type != "cpu":
+        return DtypeChoice("fp32", f"{device.type}: fp32 only")
+    flags = cpu_flags() if flags is None else flags
+    if "amx_int8" in flags or "amx_tile" in flags:
+        return DtypeChoice("int8", "AMX")
+    if "avx512_vnni" in flags:
+        return DtypeChoice("int8", "AVX-512 VNNI")
+    if "avx_vnni" in flags:
+        return DtypeChoice("int8", "AVX-VNNI")
+    if "avx512_bf16" in flags:
+        return DtypeChoice("bf16", "AVX-512 BF16")
+    if "amx_bf16" in flags:
+        return DtypeChoice("bf16", "AMX")
+    return DtypeChoice("fp32", "no VNNI or bf16 units")
+
+
+def resolve_inference_dtype(dtype: str, device: torch.device | str = "cpu") -> DtypeChoice:
+    """``--dtype`` (or ``dtype=`` of the Python API) resolved: an explicit precision as it is;
+    ``auto``: ``$AIAYN_DTYPE`` if set (a precision for every command of a deployment, or
+    of a test run), else :func:`auto_inference_dtype`. An unknown name is a
+    :class:`~aiayn.errors.ConfigError` naming where it came from."""
+    if dtype != "auto":
+        if dtype not in INFERENCE_PRECISIONS:
+            raise ConfigError(f"--dtype {dtype}: choose from auto, {', '.join(INFERENCE_PRECISIONS)}")
+        return DtypeChoice(dtype, "as given", auto=False)
+    pinned = os.environ.get(DTYPE_ENV, "").strip()
+    if pinned and pinned != "auto":
+        if pinned not in INFERENCE_PRECISIONS:
+            raise ConfigError(f"{DTYPE_ENV}={pinned!r}: choose from auto, {', '.join(INFERENCE_PRECISIONS)}")
+        return DtypeChoice(pinned, f"${DTYPE_ENV}")
+    return auto_inference_dtype(device)
+
+
+CACHE_ENV = "AIAYN_CACHE_DIR"
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def compile_cache_dir() -> Path:
+    """Where ``torch.compile``'s artifacts are kept between runs: ``$TORCHINDUCTOR_CACHE_DIR``
+    if set, else ``inductor/torch-<version>`` under ``$AIAYN_CACHE_DIR`` (default
+    ~/.cache/aiayn). Inductor's FX graph cache keys each entry by the graph (shapes, dtypes,
+    frozen weights), the torch version and the CPU's instruction set; the folder per torch
+    version lets an upgrade leave the old entries behind as a whole."""
+    import torch
+
+    given = os.environ.get(INDUCTOR_CACHE_ENV)
+    if given and given != _inductor_default_cache_dir():  # inductor writes its default there too
+        return Path(given)
+    root = os.environ.get(CACHE_ENV)
+    base = Path(root) if root else Path.home() / ".cache" / "aiayn"
+    return base / "inductor" / f"torch-{torch.__version__.replace('+', '-')}"
+
+
+def _inductor_default_cache_dir() -> str | None:
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # another torch layout: take the variable as given
+        return None
+    return os.path.abspath(default_cache_dir())
+
+
+def use_compile_cache() -> Path:
+    """Point inductor's caches at :func:`compile_cache_dir` (it reads the variable when it
+    compiles) and turn its FX graph cache on, so that a process compiling a graph some
+    earlier run compiled loads it instead; returns the folder. Call before compiling."""
+    import torch._inductor.config as inductor_config
+
+    folder = compile_cache_dir()
+    os.environ[INDUCTOR_CACHE_ENV] = str(folder)
+    inductor_config.fx_graph_cache = True
+    return folder
 
 
 THREADS_ENV = "AIAYN_NUM_THREADS"

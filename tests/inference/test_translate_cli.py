@@ -225,7 +225,7 @@ def test_subcommands_with_some_decoding_flags() -> None:
     parser = build_parser()
     args = parser.parse_args(["parse", "--checkpoint", "c", "--input", "x", "--beam", "3", "--max-len-b", "9"])
     assert decode_overrides(args) == {"beam": 3, "max_len_b": 9}
-    assert args.device == "cpu" and args.dtype == "fp32"
+    assert args.device == "cpu" and args.dtype == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["parse", "--checkpoint", "c", "--top-k", "3"])  # not a parsing option
     args = parser.parse_args(["plot", "attention", "--checkpoint", "c", "--text", "t", "--beam", "2"])

@@ -31,3 +31,35 @@ def run_recipe(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]
         return proc
 
     return run
+
+
+# The quality guard of `--dtype auto`: each precision auto can choose on a CPU (bf16 with bf16
+# units, int8 with VNNI or AMX; aiayn.runtime.auto_inference_dtype) translates a trained
+# model's test set within this many BLEU of fp32.
+AUTO_CPU_PRECISIONS = ("bf16", "int8")
+DTYPE_GUARD_BLEU = 0.3
+
+
+@pytest.fixture
+def dtype_guard() -> Callable[..., dict[str, float]]:
+    """``dtype_guard(checkpoints, source_file, reference_file, ensemble=False)``: sacreBLEU of
+    the checkpoints' translations of the source file (the checkpoint's decode options) in fp32
+    and in each of ``AUTO_CPU_PRECISIONS``; asserts each within ``DTYPE_GUARD_BLEU`` of fp32 and
+    returns the scores by precision. Every precision runs on any CPU (emulated or on an exact
+    fallback where the units are missing), so the guard holds for every CPU kind's choice."""
+
+    def guard(checkpoints: list[Path], source_file: Path, reference_file: Path, ensemble: bool = False,
+              tolerance: float = DTYPE_GUARD_BLEU) -> dict[str, float]:
+        from aiayn.evaluation.bleu import corpus_bleu, read_lines
+        from aiayn.inference.translator import Translator
+
+        sources, references = read_lines(source_file), read_lines(reference_file)
+        scores = {}
+        for dtype in ("fp32", *AUTO_CPU_PRECISIONS):
+            translator = Translator.from_checkpoint(checkpoints, device="cpu", dtype=dtype, ensemble=ensemble)
+            scores[dtype] = corpus_bleu(translator.translate(sources), references)
+        far = {d: s for d, s in scores.items() if abs(s - scores["fp32"]) > tolerance}
+        assert not far, f"--dtype auto's precisions more than {tolerance} BLEU from fp32: {scores}"
+        return scores
+
+    return guard

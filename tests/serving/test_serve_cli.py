@@ -172,13 +172,16 @@ def test_compile_compiles_one_sentence_and_a_batch_before_serving(monkeypatch: p
             made.setdefault("batches", []).append(len(texts))
             return texts
 
+        def record_compiled(self):
+            made["recorded"] = True
+
     def from_checkpoint(path, device, dtype, compile):
         made.update(path=path, compile=compile)
         return Recording()
 
     monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(from_checkpoint))
     serve._translator(parse("--compile"), torch.device("cpu"))
-    assert made == {"path": "ck", "compile": True, "batches": [1, 2]}
+    assert made == {"path": "ck", "compile": True, "batches": [1, 2], "recorded": True}
     made.clear()
     serve._translator(parse(), torch.device("cpu"))
     assert made == {"path": "ck", "compile": False}

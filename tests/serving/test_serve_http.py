@@ -105,6 +105,7 @@ def test_health_and_model_info(server, tiny_checkpoint: Path) -> None:
     assert info["limits"] == {"max_texts": MAX_TEXTS, "max_chars": MAX_CHARS, "max_body_bytes": MAX_BODY_BYTES,
                               "max_positions": loaded.config.model.max_positions}
     assert info["batching"]["enabled"] is True
+    assert info["dtype"] == "fp32"  # --dtype auto as resolved ($AIAYN_DTYPE pins it in the tests)
 
 
 def test_translate_happy_path(server, sentences: list[str], reference) -> None:

@@ -131,10 +131,13 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
 
     from aiayn.inference.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype,
+    device = options.device(args)
+    dtype = options.dtype(args, device)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
                                             ensemble=args.ensemble)
     sources, streams, what, tgt = sources_and_references(args, translator)
     overrides = options.decode_overrides(args)
+    options.say_dtype(dtype, args.quiet)
     with tqdm(total=len(sources), unit="sent", file=sys.stderr, disable=args.quiet, desc="translate") as bar:
         results = translator.translate_detailed(sources, nbest=1, progress=bar.update, **overrides)
     hyps = [r.hypotheses[0].text.replace("\n", " ") if r.hypotheses else "" for r in results]

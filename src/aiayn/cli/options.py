@@ -9,11 +9,12 @@ checkpoint's value; :func:`decode_overrides` collects the ones given.
 from __future__ import annotations
 
 import argparse
+import sys
 import typing
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import INFERENCE_DTYPES, DecodeConfig, check_decode_bounds, decode_options
-from aiayn.runtime import resolve_device
+from aiayn.runtime import DTYPE_ENV, DtypeChoice, resolve_device, resolve_inference_dtype
 
 if TYPE_CHECKING:  # torch is imported lazily: `aiayn --help` should not load it
     import torch
@@ -25,8 +26,10 @@ DECODE_TITLE = ("decoding (default: the checkpoint's decode section; paper: beam
                 "max length = 1 * source + 50)")
 CHECKPOINT_HELP = "checkpoint directory, run directory (its last checkpoint) or last/best pointer"
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default cpu)"
-DTYPE_HELP = ("fp32, bf16 (CPU or GPU), fp16 (GPU only) or int8 (CPU only: int8 weights and per-token int8 "
-              "inputs for every linear layer); default fp32")
+DTYPE_HELP = ("auto (default: the fastest precision of this device that keeps fp32's quality: on a CPU int8 "
+              "with VNNI or AMX, else bf16 with AVX-512 BF16, else fp32; on a GPU bf16, else fp16; printed on "
+              f"stderr; ${DTYPE_ENV} pins it), fp32, bf16 (CPU or GPU), fp16 (GPU only) or int8 (CPU only: int8 "
+              "weights and per-token int8 inputs for every linear layer)")
 
 # The namespace attribute listing the decoding flags a subcommand has (see decode_overrides).
 _DECODE_FLAGS = "decode_flags"
@@ -94,15 +97,21 @@ def add_ctranslate2(container: Container) -> None:
 def add_device_flags(container: Container) -> None:
     """``--device`` (resolve it with :func:`device`), the inference ``--dtype`` and ``--threads``."""
     container.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    container.add_argument("--dtype", default="fp32", choices=INFERENCE_DTYPES, help=DTYPE_HELP)
+    container.add_argument("--dtype", default="auto", choices=("auto", *INFERENCE_DTYPES), help=DTYPE_HELP)
     add_threads(container)
 
 
-def add_compile(container: Container) -> None:
-    """``--compile``: decoding steps compiled by ``torch.compile`` (aiayn.inference.compiled)."""
-    container.add_argument("--compile", action="store_true",
-                           help="compile the decoding step with torch.compile: tens of seconds of compiling "
-                                "per shape family first, faster steps after (for servers and large inputs)")
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def add_compile(container: Container, auto: str) -> None:
+    """``--compile [auto|on|off]``: decoding steps compiled by ``torch.compile``
+    (aiayn.inference.compiled); ``--compile`` alone is ``on``. ``auto``: what auto does here."""
+    container.add_argument("--compile", nargs="?", const="on", default="auto", choices=COMPILE_CHOICES,
+                           help="compile the decoding step with torch.compile: tens of seconds of compiling per "
+                                "shape family first (less when an earlier run left its graphs in the compile "
+                                "cache, $AIAYN_CACHE_DIR/inductor), faster steps after; on (--compile alone), off, "
+                                f"or auto (default): {auto}")
 
 
 def add_threads(container: Container) -> None:
@@ -121,3 +130,16 @@ def device(args: argparse.Namespace) -> torch.device:
     """The parsed ``--device``, resolved (``auto``: CUDA when there is a GPU); a device that
     does not exist here is a :class:`~aiayn.errors.ConfigError` naming ``--device``."""
     return resolve_device(args.device, field="--device")
+
+
+def dtype(args: argparse.Namespace, device: torch.device | str) -> DtypeChoice:
+    """The parsed ``--dtype``, resolved for ``device`` (:func:`aiayn.runtime.resolve_inference_dtype`)
+    before the model loads: pass ``.dtype`` on, and :func:`say_dtype` once the checks are done."""
+    return resolve_inference_dtype(args.dtype, device)
+
+
+def say_dtype(choice: DtypeChoice, quiet: bool = False) -> None:
+    """For ``auto``: what it chose and why, one line on stderr (unless ``quiet``). Said when
+    the work starts, after every check, so that an error stays the only line."""
+    if choice.auto and not quiet:
+        print(choice.describe(), file=sys.stderr)

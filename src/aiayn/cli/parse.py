@@ -112,13 +112,15 @@ def _run(args: argparse.Namespace) -> int:
     decode = options.decode_overrides(args)
     sentences, gold = _read_input(args) if args.input else ([], None)
     # Parser takes the device by name.
-    parser = Parser.from_checkpoint(args.checkpoint, device=str(options.device(args)), dtype=args.dtype,
-                                    ensemble=args.ensemble)
+    device = options.device(args)
+    dtype = options.dtype(args, device)
+    parser = Parser.from_checkpoint(args.checkpoint, device=str(device), dtype=dtype.dtype, ensemble=args.ensemble)
     settings = parser.decode_settings(**decode)  # a bad option fails before any decoding
     problem = parser.length_problem([s.split() for s in sentences], settings)
     if problem is not None:
         raise DataError(f"{'<stdin>' if args.input == '-' else args.input}:{problem[0] + 1}: {problem[1]}")
     total = len(sentences) if args.input else None
+    options.say_dtype(dtype, args.quiet)
     scores: dict[str, Any] | None = None
     with tqdm(total=total, unit="sent", file=sys.stderr, disable=args.quiet, desc="parse") as bar:
         if args.prepared:

@@ -69,7 +69,10 @@ def run_attention(args: argparse.Namespace) -> int:
         raise AiaynError(f"--out {out}: the output is a PNG file; use a .png name")
     if not args.text.strip():
         raise AiaynError("--text: empty sentence")
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype)
+    device = options.device(args)
+    dtype = options.dtype(args, device)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype)
+    options.say_dtype(dtype)
     overrides = options.decode_overrides(args)
     result = translator.translate_detailed([args.text], nbest=1, attention=True, **overrides)[0]
     hyp = result.hypotheses[0]

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes it)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     options.add_device_flags(p)
-    options.add_compile(p)
+    options.add_compile(p, "on a CPU, for a model large enough to gain from it, the server answers "
+                           "eagerly while it compiles in the background, then switches")
     p.add_argument("--compute-type", default="default",
                    help="with --ctranslate2: CTranslate2's compute type (default: as exported; int8, "
                         "int8_float32, float32, bfloat16, ...)")
@@ -109,7 +111,7 @@ def _check(args: argparse.Namespace) -> None:
                              f"{'milliseconds' if name == 'batch_window_ms' else 'seconds'}, got {value}")
     if not 0 <= args.port <= 65535:
         raise AiaynError(f"--port: {args.port} is not a port number")
-    if args.compile and args.ctranslate2:
+    if args.compile == "on" and args.ctranslate2:
         raise AiaynError("--compile: compiles an aiayn checkpoint's decoding step; not for --ctranslate2")
 
 
@@ -194,20 +196,50 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
                                      compute_type=args.compute_type, threads=max(args.threads, 0))
     from aiayn.inference.translator import Translator
 
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=args.dtype, compile=args.compile)
-    if args.compile:
+    dtype = options.dtype(args, device)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
+                                            compile=args.compile == "on")
+    options.say_dtype(dtype)
+    if args.compile == "on":
         _compile_now(translator)
     return translator
 
 
+# What serving compiles before its first compiled answer: one sentence and a batch are two
+# shape families (a lone source is specialised). Other families (e.g. another beam size)
+# compile when first asked for.
+WARM_UP = (["Compiling."], ["Compiling.", "Compiling a batch."])
+# The lines a server is counted on to translate, for `--compile auto`'s estimate.
+SERVER_LINES = 100_000
+
+
 def _compile_now(translator: Translator) -> None:
-    """Compile before serving: one sentence and a batch are two shape families (a lone
-    source is specialised); requests meet them compiled. Other families (e.g. another beam
-    size) compile when first asked for."""
+    """Compile before serving: requests meet the warm-up's shape families compiled."""
     start = time.perf_counter()
-    for batch in (["Compiling."], ["Compiling.", "Compiling a batch."]):
+    for batch in WARM_UP:
         translator.translate(batch)
+    translator.record_compiled()
     log.info("compiled the decoding step in %.0f s", time.perf_counter() - start)
+
+
+def compile_in_background(translator: Translator) -> threading.Thread:
+    """``--compile auto``: compile the steps on a thread of their own while the server answers
+    with the eager ones, then switch to them (``Translator.use_compiled``); a failure leaves
+    the eager steps serving. Returns the thread, started."""
+
+    def work() -> None:
+        start = time.perf_counter()
+        try:
+            translator.use_compiled(warm_up=WARM_UP)
+        except Exception as exc:  # noqa: BLE001 - the eager steps keep serving
+            log.warning("compiling in the background failed (%s: %s); serving eagerly", type(exc).__name__, exc)
+            return
+        translator.record_compiled()
+        log.info("compiled the decoding step in the background in %.0f s; serving with it", time.perf_counter() - start)
+
+    thread = threading.Thread(target=work, name="aiayn-compile", daemon=True)
+    thread.start()
+    return thread
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,7 +264,8 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=str(args.checkpoint or args.ctranslate2),
         # As given, "auto" as resolved: what /v1/model reports.
         device=device.type if args.device == "auto" else args.device,
-        dtype=f"ctranslate2 {args.compute_type}" if args.ctranslate2 else args.dtype,
+        # None: the translator's own, "auto" as resolved.
+        dtype=f"ctranslate2 {args.compute_type}" if args.ctranslate2 else None,
         api_key=key, cors_origins=origins)
     app = create_app(translator, settings)
     _warn_if_exposed(args.host, key)
@@ -241,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
                               keep_alive_s=args.keep_alive_timeout)
     protocol = guarded_protocol(limits, app.state.metrics, retry_after_s=settings.retry_after_s)
     server = uvicorn.Server(uvicorn.Config(app, http=protocol, **uvicorn_options(args)))
+    if args.compile == "auto" and not args.ctranslate2 and translator.compile_pays(SERVER_LINES):  # type: ignore[attr-defined]
+        compile_in_background(translator)  # type: ignore[arg-type]
     # uvicorn handles SIGINT/SIGTERM: it stops accepting, lets in-flight requests finish,
     # then runs the app's shutdown (which drains the batcher's queue).
     server.run()

@@ -89,7 +89,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", default="-", help="output file, or - for stdout (default)")
     options.add_decode_flags(p)
     options.add_device_flags(p)
-    options.add_compile(p)
+    options.add_compile(p, "where the input file's line count is estimated to win the warm-up back "
+                           "(never for standard input or a few lines)")
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
     p.add_argument("--alignment", action="store_true",
@@ -251,8 +252,9 @@ class _Job:
         self.output = _check_output(args)
         # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
         self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
-        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=args.dtype,
-                                                     compile=args.compile, ensemble=args.ensemble)
+        self.dtype = options.dtype(args, device)
+        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=self.dtype.dtype,
+                                                     compile=args.compile == "on", ensemble=args.ensemble)
         self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
         self.where = "<stdin>" if args.input == "-" else args.input
         self.stream = _is_stream(args.input)
@@ -262,6 +264,15 @@ class _Job:
             self._scan()
         translate_constraints.check_files(args.constraints, args.terms, _utf8_mode(args.on_invalid_utf8),
                                           self.total, args.input)
+        self.compiling = args.compile == "auto" and self.translator.compile_pays(self.total)
+
+    def start(self) -> None:
+        """Say what auto chose (after every check: an error stays the only line on stderr)."""
+        options.say_dtype(self.dtype, self.args.quiet)
+        if self.compiling:
+            if not self.args.quiet:
+                print(f"compile auto -> on ({self.total} lines win its warm-up back)", file=sys.stderr)
+            self.translator.use_compiled()
 
     def _scan(self) -> None:
         """One pass over a regular input file (and prefix file) before any translation."""
@@ -291,7 +302,7 @@ class _Job:
         args = self.args
         flags = {"--format": args.format, "--scores": args.scores, "--alignment": args.alignment,
                  "--truncate": args.truncate, "--on-invalid-utf8": args.on_invalid_utf8,
-                 "--chunk-size": args.chunk_size, "--dtype": args.dtype, "--compile": args.compile,
+                 "--chunk-size": args.chunk_size, "--dtype": self.translator.dtype, "--compile": args.compile,
                  "--ensemble": args.ensemble, "--device": self.translator.device.type,
                  "--constraints": translate_constraints.file_sha256(args.constraints),
                  "--terms": translate_constraints.file_sha256(args.terms),
@@ -390,6 +401,7 @@ def _check_output(args: argparse.Namespace) -> Path | None:
 def run(args: argparse.Namespace) -> int:
     job = _Job(args)
     out = job.open_output()
+    job.start()
     start = time.perf_counter()
     try:
         done = job.run(out)
@@ -405,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(f"aiayn translate: {note}", file=sys.stderr)
         raise
+    job.translator.record_compiled()
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

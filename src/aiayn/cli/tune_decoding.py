@@ -117,10 +117,13 @@ def run(args: argparse.Namespace) -> int:
 
     _check_args(args)
     _check_split(args)
-    translator = Translator.from_checkpoint(args.checkpoint, device=options.device(args), dtype=args.dtype,
+    device = options.device(args)
+    dtype = options.dtype(args, device)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
                                             ensemble=args.ensemble)
     sources, streams, what, tgt = _texts(args, translator)
     fixed = options.decode_overrides(args)
+    options.say_dtype(dtype, args.quiet)
     with tqdm(total=len(sources) * searches(args.beams, args.lenpens), unit="sent", file=sys.stderr, disable=args.quiet,
               desc="tune") as bar:
         grid = tune_decoding(translator, sources, streams, args.beams, args.lenpens, tgt_lang=tgt,

@@ -45,6 +45,34 @@ from aiayn.model.layers import DecoderLayer
 StaticStep = Callable[..., Tensor]
 log = logging.getLogger(__name__)
 
+# `--compile auto`'s estimate (compile_pays). Compiling costs a warm-up before the first
+# compiled step: tens of seconds on a small CPU from an empty cache, about half of that when
+# inductor's on-disk cache holds the C++ kernels of an earlier run (with frozen weights the
+# graph is traced and lowered again: inductor's FX graph cache cannot store oneDNN-packed
+# weights, and AOTAutograd's cache skips frozen graphs; only the kernels' builds are saved).
+# Afterwards each line runs faster by an amount that grows with the model: estimated as
+# the model's parameters times SAVED_S_PER_LINE_PER_PARAMETER (from the base model's int8
+# eager and compiled decoding speeds, docs/results.md, at Multi30k's sentence lengths; a
+# smaller model saves less per line, and a tiny one nothing). Only the CPU path is
+# estimated; elsewhere `auto` decodes eagerly.
+COMPILE_WARMUP_S = {"cpu": 75.0}
+CACHED_COMPILE_WARMUP_S = {"cpu": 40.0}
+SAVED_S_PER_LINE_PER_PARAMETER = 8e-11
+# Never compile for fewer lines than this, whatever the estimate says.
+MIN_COMPILE_LINES = 1000
+
+
+def compile_pays(lines: int | None, parameters: int, device: torch.device | str, warm: bool = False) -> bool:
+    """Whether compiling the decoding steps of a model with ``parameters`` parameters on
+    ``device`` is estimated to save more time over ``lines`` lines than its warm-up costs
+    (``warm``: inductor's cache holds the graphs from an earlier run). None lines (a stream
+    of unknown length) and devices without an estimate: no."""
+    kind = torch.device(device).type
+    if lines is None or lines < MIN_COMPILE_LINES or kind not in COMPILE_WARMUP_S:
+        return False
+    warmup = (CACHED_COMPILE_WARMUP_S if warm else COMPILE_WARMUP_S)[kind]
+    return lines * parameters * SAVED_S_PER_LINE_PER_PARAMETER > warmup
+
 # Asking for the attention weights selects the explicit softmax(QK^T/sqrt(d))V in every
 # dtype (the weights themselves are dropped, so inductor never computes them beyond the
 # softmax it fuses): the CPU's fused SDPA kernel is slow for a step's one query per row,
@@ -190,6 +218,7 @@ class CompiledDecoder(IncrementalDecoder):
         if self.model.training:
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")
         self.compiled: StaticStep | None = torch.compile(static_step(self.model, self.project), dynamic=True)
+        self.compiled_ran = False  # a compiled step has run (its graph is compiled)
 
     def init_state(self, src: Tensor, max_steps: int) -> IndexedKVCache:
         return IndexedKVCache(super().init_state(src, max_steps))
@@ -220,5 +249,6 @@ class CompiledDecoder(IncrementalDecoder):
             self.compiled = None
             state.materialize()
             return super().step(tokens, state, need_attn)
+        self.compiled_ran = True
         state.advance()
         return logits, None

@@ -106,7 +106,7 @@ class Parser:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str = "cpu",
-                        dtype: str = "fp32", ensemble: bool = False) -> Parser:
+                        dtype: str = "auto", ensemble: bool = False) -> Parser:
         """Load a parsing checkpoint (trained with ``configs/ptb_parsing.yaml``).
 
         Args:
@@ -114,7 +114,8 @@ class Parser:
                 accepts; several paths: their weights are averaged.
             ensemble: Several paths: parse with the ensemble of their models instead.
             device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``.
-            dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
+            dtype: ``auto`` (default; see ``Translator.from_checkpoint``), ``fp32``, ``bf16``,
+                ``fp16`` (GPU only) or ``int8`` (CPU only).
 
         Returns:
             The parser.

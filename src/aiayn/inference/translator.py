@@ -1,6 +1,6 @@
 """Text in, text out: a trained checkpoint, its SentencePiece model, and the search.
 
-    translator = Translator.from_checkpoint("runs/base", device="cpu", dtype="fp32")
+    translator = Translator.from_checkpoint("runs/base", device="cpu")  # dtype "auto"
     translator.translate(["A man is riding a bike."])            # -> ["Ein Mann ..."]
     translator.translate_detailed(texts, nbest=4, attention=True)  # scores, pieces, weights
 
@@ -22,6 +22,9 @@ section; any :class:`~aiayn.config.DecodeConfig` field can be overridden per cal
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,14 +39,23 @@ from aiayn.checkpoint.directory import LoadedCheckpoint, load_checkpoint
 from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder, IncrementalDecoder
-from aiayn.inference.compiled import CompiledDecoder
+from aiayn.inference.compiled import CompiledDecoder, compile_pays
 from aiayn.inference.constraints import Constraint, LexicalConstraint
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
 from aiayn.inference.shortlist import ShortlistDecoder
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
-from aiayn.runtime import TORCH_DTYPES, resolve_device, torch_dtype
+from aiayn.runtime import (
+    TORCH_DTYPES,
+    DtypeChoice,
+    compile_cache_dir,
+    cpu_flags,
+    resolve_device,
+    resolve_inference_dtype,
+    torch_dtype,
+    use_compile_cache,
+)
 from aiayn.text.tokenizer import lang_tag
 from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID, UNK_ID
 
@@ -129,7 +141,11 @@ class Translator:
     accepted too, e.g. from the trainer's validation). The model is put in eval mode and moved to
     ``device`` in place, and nothing else is changed in it: decoding runs an inference copy
     of it (``aiayn.inference.optimize.optimize_for_inference``), built here from the
-    weights as they are now; ``self.model`` is that copy. With ``dtype="bf16"`` the copy's
+    weights as they are now; ``self.model`` is that copy. ``dtype="auto"`` picks the fastest
+    precision of this device that keeps float32's quality
+    (``aiayn.runtime.auto_inference_dtype``; ``self.dtype`` is the one
+    chosen, ``self.dtype_choice`` says why); the constructor's default is fp32, the
+    weights as trained (``from_checkpoint``'s is ``auto``). With ``dtype="bf16"`` the copy's
     weights are bfloat16 (see ``BF16_MODE``); with ``dtype="int8"`` its linear layers
     are quantized (``aiayn.inference.quantize``, CPU only); log-probabilities are always
     computed in float32. With ``compile=True`` the decoding steps run a graph compiled by
@@ -150,7 +166,8 @@ class Translator:
         self.config = config
         self.tokenizer = tokenizer
         self.device = resolve_device(device)
-        self.dtype = dtype
+        self.dtype_choice: DtypeChoice = resolve_inference_dtype(dtype, self.device)
+        self.dtype = dtype = self.dtype_choice.dtype
         half = resolve_dtype(dtype, self.device)
         autocast = half if half is torch.bfloat16 and BF16_MODE == "autocast" else None
         weights = torch.int8 if dtype == "int8" else (None if autocast is not None else half)
@@ -161,11 +178,15 @@ class Translator:
         # an ensemble's are the sums over its models.
         counts = [count_parameters(m) for m in trained]
         self.parameters = {key: sum(c[key] for c in counts) for key in counts[0]}
-        step = CompiledDecoder if compile else IncrementalDecoder
-        decoders = [step(optimize_for_inference(m.to(self.device).eval(), dtype=weights), autocast=autocast)
-                    for m in trained]
-        self.model = decoders[0].model
-        self.decoder: Any = decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+        self._optimized = [optimize_for_inference(m.to(self.device).eval(), dtype=weights) for m in trained]
+        self._autocast = autocast
+        # What the compiled graphs depend on besides the weights' values (compile_marker).
+        self._shapes = [[(name, list(t.shape), str(t.dtype)) for name, t in m.state_dict().items()] for m in trained]
+        self.model = self._optimized[0].model
+        self.compiled = False  # whether the decoding steps run compiled (see use_compiled)
+        self.decoder: Any = self._decoder(compiled=False)
+        if compile:
+            self.use_compiled()
         limits = [n for m in trained if (n := getattr(m.src_positions, "max_positions", None)) is not None]
         self.max_src_len: int | None = min(limits) if limits else None
 
@@ -173,7 +194,7 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path | Sequence[str | Path], device: str | torch.device = "cpu",
-                        dtype: str = "fp32", compile: bool = False, ensemble: bool = False) -> Translator:
+                        dtype: str = "auto", compile: bool = False, ensemble: bool = False) -> Translator:
         """Load a checkpoint: its model, tokenizer and decoding defaults.
 
         Args:
@@ -182,7 +203,10 @@ class Translator:
                 the configuration and tokenizer come from the last one, and all must have
                 the same model configuration (with ``ensemble``: the same tokenizer).
             device: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (a GPU if there is one).
-            dtype: ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8`` (CPU only).
+            dtype: ``auto`` (the default: the fastest precision of this device that keeps
+                float32's quality, see ``aiayn.runtime.auto_inference_dtype``;
+                ``$AIAYN_DTYPE`` pins it), ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8``
+                (CPU only).
             compile: Run the decoding steps compiled (``torch.compile``; see the class).
             ensemble: Decode with the ensemble of the paths' models (the mean of their
                 probabilities at each step) instead of averaging their weights.
@@ -215,6 +239,57 @@ class Translator:
             _load_average(loaded.model, paths)
         log.info("loaded %s (%s)", ", ".join(str(p) for p in paths), loaded.tokenizer)
         return cls(loaded.model, loaded.tokenizer, loaded.config, device=device, dtype=dtype, compile=compile)
+
+    # ------------------------------------------------------------ compiled steps
+
+    def _decoder(self, compiled: bool) -> Any:
+        step = CompiledDecoder if compiled else IncrementalDecoder
+        decoders = [step(optimized, autocast=self._autocast) for optimized in self._optimized]
+        return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+
+    def use_compiled(self, warm_up: Sequence[Sequence[str]] = ()) -> None:
+        """From now on decode with compiled steps (``aiayn.inference.compiled``), inductor's
+        artifacts cached on disk (:func:`aiayn.runtime.use_compile_cache`), so that a later
+        process compiling the same model loads them. ``warm_up``: batches of texts translated
+        with the compiled steps before they replace the current ones, so that the calls
+        meanwhile (e.g. a server's, from another thread) keep the eager steps until the
+        compiled ones are ready."""
+        if self.compiled:
+            return
+        use_compile_cache()
+        decoder = self._decoder(compiled=True)
+        if warm_up:
+            shadow = copy.copy(self)
+            shadow.decoder = decoder
+            for texts in warm_up:
+                shadow.translate(list(texts))
+        self.decoder, self.compiled = decoder, True
+
+    def compile_pays(self, lines: int | None) -> bool:
+        """Whether compiling the steps wins back its warm-up over ``lines`` more lines
+        (None: unknown, a stream) on this device (:func:`aiayn.inference.compiled.compile_pays`),
+        counting on a cheaper warm-up where an earlier run compiled this model's steps."""
+        return compile_pays(lines, self.parameters["parameters"], self.device, warm=self.compile_marker().is_file())
+
+    def compile_marker(self) -> Path:
+        """A file in the compile cache that says an earlier run compiled steps of this model
+        configuration, precision, device kind and CPU kind (see :meth:`record_compiled`)."""
+        key = json.dumps({"shapes": self._shapes, "dtype": self.dtype, "device": self.device.type,
+                          "cpu": sorted(cpu_flags())}, sort_keys=True)
+        return compile_cache_dir() / "aiayn-compiled" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+    def record_compiled(self) -> None:
+        """Write :meth:`compile_marker` once a compiled step has run (the cache then holds its
+        graphs); a no-op otherwise, and where the cache folder cannot be written."""
+        members = getattr(self.decoder, "members", [self.decoder])
+        if not any(getattr(m, "compiled_ran", False) for m in members):
+            return
+        marker = self.compile_marker()
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(json.dumps({"dtype": self.dtype, "device": self.device.type}) + "\n", encoding="utf-8")
+        except OSError as exc:
+            log.debug("compile cache marker not written: %s", exc)
 
     # ----------------------------------------------------------------- decoding
 

@@ -98,7 +98,7 @@ class ServeSettings:
     retry_after_s: int = 1
     checkpoint: str | None = None
     device: str = "cpu"
-    dtype: str = "fp32"
+    dtype: str | None = None  # None: the translator's own (``Translator.dtype``: "auto" as resolved)
     # None: no authentication. Kept out of repr() so that it is not logged by accident.
     api_key: str | None = field(default=None, repr=False)
     # Origins (scheme://host[:port], or "*") whose pages may call the API; empty: no CORS headers.
@@ -539,7 +539,7 @@ class TranslationService:
         s = self.settings
         return {
             **self.translator.describe(),
-            "checkpoint": s.checkpoint, "device": s.device, "dtype": s.dtype,
+            "checkpoint": s.checkpoint, "device": s.device, "dtype": s.dtype or getattr(self.translator, "dtype", None),
             "limits": {"max_texts": s.max_texts, "max_chars": s.max_chars, "max_body_bytes": s.max_body_bytes,
                        "max_positions": self.max_positions},
             "batching": {"enabled": s.batching, "window_ms": s.batch_window_ms,

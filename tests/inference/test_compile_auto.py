@@ -1,0 +1,180 @@
+"""`--compile auto`: compile only where the input wins the warm-up back; inductor's caches in
+the aiayn cache folder; a server that switches to compiled steps once they are ready."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BASE_PARAMETERS = 60_000_000  # about the paper's base model
+TINY_PARAMETERS = 500_000
+
+
+@pytest.mark.parametrize("lines, parameters, device, warm, expected", [
+    (None, BASE_PARAMETERS, "cpu", True, False),  # a stream: its length is unknown
+    (10, BASE_PARAMETERS, "cpu", True, False),  # a handful of lines: never
+    (999, 10**12, "cpu", True, False),
+    (10_000, BASE_PARAMETERS, "cpu", False, False),  # the warm-up from an empty cache is not won back
+    (10_000, BASE_PARAMETERS, "cpu", True, True),  # from a warm cache it is
+    (100_000, BASE_PARAMETERS, "cpu", False, True),
+    (100_000, TINY_PARAMETERS, "cpu", True, False),  # a tiny model saves next to nothing per line
+    (100_000, BASE_PARAMETERS, "cuda", True, False),  # no estimate off the CPU: eager
+])
+def test_compile_pays_for_long_inputs_and_large_models_only(lines, parameters, device, warm, expected) -> None:
+    from aiayn.inference.compiled import compile_pays
+
+    assert compile_pays(lines, parameters, device, warm=warm) is expected
+
+
+def test_the_compile_cache_is_under_the_aiayn_cache_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import torch._inductor.config as inductor_config
+
+    from aiayn.runtime import compile_cache_dir, use_compile_cache
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    folder = tmp_path / "inductor" / f"torch-{torch.__version__.replace('+', '-')}"
+    assert compile_cache_dir() == folder
+    assert use_compile_cache() == folder
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(folder) and inductor_config.fx_graph_cache is True
+    # A folder the user chose is kept.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert use_compile_cache() == tmp_path / "mine"
+
+
+class _Recorded:
+    """Stands for CompiledDecoder: the eager step, counting its calls."""
+
+    made: list[_Recorded] = []
+
+    def __init__(self, model, autocast=None) -> None:
+        from aiayn.inference.adapters import IncrementalDecoder
+
+        self.inner = IncrementalDecoder(model, autocast)
+        self.calls = 0
+        self.compiled_ran = False
+        _Recorded.made.append(self)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def step(self, *args, **kwargs):
+        self.calls += 1
+        self.compiled_ran = True
+        return self.inner.step(*args, **kwargs)
+
+
+def test_use_compiled_switches_after_its_warm_up(tiny_checkpoint: Path, english: list[str],
+                                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from aiayn.inference import translator as translator_module
+    from aiayn.inference.translator import Translator
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(translator_module, "CompiledDecoder", _Recorded)
+    _Recorded.made.clear()
+    translator = Translator.from_checkpoint(tiny_checkpoint, dtype="fp32")
+    eager = translator.decoder
+    expected = translator.translate(english)
+    assert not translator.compile_marker().exists()
+    translator.record_compiled()  # nothing compiled yet: no marker
+    assert not translator.compile_marker().exists()
+    translator.use_compiled(warm_up=[english[:1], english[:2]])
+    (compiled,) = _Recorded.made
+    assert translator.compiled and translator.decoder is compiled and translator.decoder is not eager
+    warm_up_calls = compiled.calls
+    assert warm_up_calls > 0  # the warm-up ran the new steps before they were installed
+    assert translator.translate(english) == expected and compiled.calls > warm_up_calls
+    translator.record_compiled()
+    marker = translator.compile_marker()
+    assert marker.is_file() and marker.is_relative_to(tmp_path / "inductor")
+    assert Translator.from_checkpoint(tiny_checkpoint, dtype="int8").compile_marker() != marker
+
+
+def test_translate_compiles_only_when_it_pays(tiny_checkpoint: Path, english: list[str], run_cli,
+                                              monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from aiayn.inference import compiled
+    from aiayn.inference import translator as translator_module
+    from aiayn.inference.translator import Translator
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setattr(translator_module, "CompiledDecoder", _Recorded)
+    src = tmp_path / "in.txt"
+    src.write_text("".join(line + "\n" for line in english), encoding="utf-8")
+    args = ["translate", "--checkpoint", str(tiny_checkpoint), "-i", str(src)]
+    expected = Translator.from_checkpoint(tiny_checkpoint).translate(english)
+    _Recorded.made.clear()
+    code, out, err = run_cli(args)  # 12 lines: eager
+    assert code == 0 and "compile" not in err and not _Recorded.made
+    # As if the model were large enough for 12 lines to win the warm-up back.
+    monkeypatch.setattr(compiled, "MIN_COMPILE_LINES", 1)
+    monkeypatch.setattr(compiled, "SAVED_S_PER_LINE_PER_PARAMETER", 1.0)
+    code, out, err = run_cli([*args, "--compile", "off"])
+    assert code == 0 and "compile" not in err and not _Recorded.made
+    code, out, err = run_cli(args)
+    assert code == 0 and f"compile auto -> on ({len(english)} lines win its warm-up back)" in err
+    assert len(_Recorded.made) == 1 and out.decode("utf-8").splitlines() == expected
+    assert list((tmp_path / "inductor").rglob("aiayn-compiled/*.json"))  # the next run counts on a warm cache
+
+
+def test_serve_compiles_in_the_background_then_switches() -> None:
+    from aiayn.cli import serve
+
+    seen = []
+
+    class Translator:
+        def use_compiled(self, warm_up):
+            seen.append(("use_compiled", warm_up))
+
+        def record_compiled(self):
+            seen.append("record_compiled")
+
+    serve.compile_in_background(Translator()).join(timeout=60)  # type: ignore[arg-type]
+    assert seen == [("use_compiled", serve.WARM_UP), "record_compiled"]
+
+    class Failing(Translator):
+        def use_compiled(self, warm_up):
+            raise RuntimeError("no C++ compiler")
+
+    seen.clear()
+    serve.compile_in_background(Failing()).join(timeout=60)  # type: ignore[arg-type]
+    assert seen == []  # the eager steps keep serving
+
+
+SECOND_RUN = """
+import json, sys, torch
+from torch._dynamo.utils import counters
+from aiayn.inference.translator import Translator
+torch.set_num_threads(1)
+t = Translator.from_checkpoint(sys.argv[1], dtype="fp32", compile=True)
+out = t.translate(["a man is riding a bike", "the dog"])
+print(json.dumps({"out": out, "hits": counters["inductor"]["fxgraph_cache_hit"],
+                  "kernels": sum(1 for _ in __import__("pathlib").Path(sys.argv[2]).rglob("*.so"))}))
+"""
+
+
+@pytest.mark.slow
+def test_a_second_process_reuses_the_compiled_kernels(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    import json
+
+    env = {**os.environ, "AIAYN_CACHE_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    folder = tmp_path / "inductor"
+
+    def run() -> dict:
+        proc = subprocess.run([sys.executable, "-c", SECOND_RUN, str(tiny_checkpoint), str(folder)], env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    first = run()
+    assert first["kernels"] > 0  # the compiled kernels are in the aiayn cache folder
+    second = run()
+    assert second["out"] == first["out"] and second["kernels"] == first["kernels"]  # all reused, none rebuilt
