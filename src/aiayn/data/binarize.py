@@ -3,7 +3,8 @@
 A split directory holds, for each side, all sentences' ids concatenated in one array
 (``src.ids.npy``, ``tgt.ids.npy``; uint16 when the vocabulary fits, else int32) and the
 start offsets (``*.offsets.npy``, int64, n + 1 entries), plus ``meta.json``. Loading maps
-the arrays (``mmap_mode="r"``), so a 4.5M-pair corpus costs no RAM until batches touch it.
+all four arrays (``mmap_mode="r"``), so a 36M-pair corpus costs no RAM until batches touch
+it; sentence lengths are derived from the offsets when asked for, never kept.
 
 Caching: ``meta.json`` records a key, a hash of everything the ids depend on (the input
 files' contents, the tokenizer model bytes, the filter settings, the format version).
@@ -58,19 +59,27 @@ class TokenDataset:
         try:
             self._src = np.load(self.directory / "src.ids.npy", mmap_mode="r")
             self._tgt = np.load(self.directory / "tgt.ids.npy", mmap_mode="r")
-            # Offsets are small (8 bytes a sentence): read them fully for fast slicing.
-            self._src_off = np.load(self.directory / "src.offsets.npy")
-            self._tgt_off = np.load(self.directory / "tgt.offsets.npy")
+            self._src_off = np.load(self.directory / "src.offsets.npy", mmap_mode="r")
+            self._tgt_off = np.load(self.directory / "tgt.offsets.npy", mmap_mode="r")
         except (OSError, ValueError) as exc:
             raise DataError(f"{self.directory}: damaged binarized split ({exc}); prepare again") from None
         n = int(self.meta["pairs"])
         if len(self._src_off) != n + 1 or len(self._tgt_off) != n + 1:
             raise DataError(f"{self.directory}: offsets do not match {n} pairs; prepare again")
-        self.src_sizes: np.ndarray = np.diff(self._src_off).astype(np.int64)
-        self.tgt_sizes: np.ndarray = np.diff(self._tgt_off).astype(np.int64)
+        self._n = n
+
+    @property
+    def src_sizes(self) -> np.ndarray:
+        """Source lengths (with EOS), int32, computed afresh from the offsets on each access."""
+        return _sizes(self._src_off)
+
+    @property
+    def tgt_sizes(self) -> np.ndarray:
+        """Target lengths (without BOS/EOS), int32, computed afresh from the offsets on each access."""
+        return _sizes(self._tgt_off)
 
     def __len__(self) -> int:
-        return len(self.src_sizes)
+        return self._n
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         if not -len(self) <= i < len(self):
@@ -111,6 +120,14 @@ class TokenDataset:
         """Line number (0-based) in the input of each kept pair."""
         path = self.directory / "lines.npy"
         return np.load(path) if path.is_file() else np.arange(len(self))
+
+
+def _sizes(offsets: np.ndarray) -> np.ndarray:
+    out = np.empty(len(offsets) - 1, dtype=np.int32)
+    step = 1 << 20  # in steps: no int64 temporary of the corpus's length
+    for a in range(0, len(out), step):
+        out[a:a + step] = np.diff(offsets[a:a + step + 1])
+    return out
 
 
 @dataclass
