@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from aiayn.config import DataConfig
+from aiayn.data import batching
 from aiayn.data import binarize as binarize_mod
 from aiayn.data.batching import _boundaries, _sort_keys
 from aiayn.data.prepare import count_lines, load_split, partial_dir, prepare_data
@@ -127,9 +128,13 @@ def reference_boundaries(src: np.ndarray, tgt: np.ndarray, max_tokens: int, mode
     return bounds + [len(src)]
 
 
+@pytest.mark.parametrize("table", [True, False])  # length pairs counted in a table, or sorted
 @pytest.mark.parametrize("mode", ["padded", "real"])
 @pytest.mark.parametrize("seed", range(4))
-def test_run_boundaries_equal_the_sentence_by_sentence_rule(mode: str, seed: int) -> None:
+def test_run_boundaries_equal_the_sentence_by_sentence_rule(mode: str, seed: int, table: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batching, "_KEY_TABLE", 1 << 24 if table else 0)
+    monkeypatch.setattr(batching, "_KEY_CHUNK", 1000)  # 3 chunks
     rng = np.random.default_rng(seed)
     n = 3000
     src = rng.integers(1, [4, 30, 200, 60][seed], n)

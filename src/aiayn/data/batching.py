@@ -154,6 +154,10 @@ BATCH_MODES = ("padded", "real")
 _KEY_CHUNK = 1 << 20
 
 
+# Length-pair keys up to this many are counted in a table (one pass); beyond, sorted.
+_KEY_TABLE = 1 << 24
+
+
 def _sort_keys(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each sentence's rank among the distinct (source, target) lengths, and the distinct
     lengths and how many sentences have each, in sorted order (source, then target).
@@ -164,19 +168,32 @@ def _sort_keys(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> tuple[np.ndarray
     """
     n = len(src_sizes)
     width = int(np.max(tgt_sizes)) + 1 if n else 1
-    keys_seen: list[np.ndarray] = []
-    counts_seen: list[np.ndarray] = []
-    for a in range(0, n, _KEY_CHUNK):
-        chunk = np.asarray(src_sizes[a:a + _KEY_CHUNK], dtype=np.int64) * width + tgt_sizes[a:a + _KEY_CHUNK]
-        k, c = np.unique(chunk, return_counts=True)
-        keys_seen.append(k)
-        counts_seen.append(c)
-    merged, where = np.unique(np.concatenate(keys_seen), return_inverse=True)
-    counts = np.bincount(where, weights=np.concatenate(counts_seen), minlength=len(merged)).astype(np.int64)
+    span = (int(np.max(src_sizes)) + 1) * width if n else 1
+
+    def keys(a: int) -> np.ndarray:
+        return np.asarray(src_sizes[a:a + _KEY_CHUNK], dtype=np.int64) * width + tgt_sizes[a:a + _KEY_CHUNK]
+
+    lookup: np.ndarray | None = None  # key -> rank, when the keys are counted in a table
+    if span <= _KEY_TABLE:
+        table = np.zeros(span, dtype=np.int64)
+        for a in range(0, n, _KEY_CHUNK):
+            table += np.bincount(keys(a), minlength=span)
+        merged = np.flatnonzero(table)
+        counts = table[merged]
+        lookup = np.zeros(span, dtype=np.int64)
+        lookup[merged] = np.arange(len(merged))
+    else:
+        keys_seen: list[np.ndarray] = []
+        counts_seen: list[np.ndarray] = []
+        for a in range(0, n, _KEY_CHUNK):
+            k, c = np.unique(keys(a), return_counts=True)
+            keys_seen.append(k)
+            counts_seen.append(c)
+        merged, where = np.unique(np.concatenate(keys_seen), return_inverse=True)
+        counts = np.bincount(where, weights=np.concatenate(counts_seen), minlength=len(merged)).astype(np.int64)
     rank = np.empty(n, dtype=np.uint16 if len(merged) <= 1 << 16 else np.int32)
     for a in range(0, n, _KEY_CHUNK):
-        chunk = np.asarray(src_sizes[a:a + _KEY_CHUNK], dtype=np.int64) * width + tgt_sizes[a:a + _KEY_CHUNK]
-        rank[a:a + _KEY_CHUNK] = np.searchsorted(merged, chunk)
+        rank[a:a + _KEY_CHUNK] = lookup[keys(a)] if lookup is not None else np.searchsorted(merged, keys(a))
     return rank, np.stack([merged // width, merged % width], axis=1), counts
 
 
