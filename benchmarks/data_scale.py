@@ -7,9 +7,7 @@ the training iterator is built as `aiayn train` builds it and its first batch ma
 pairs, seconds and peak-RSS growth (MB) for loading the split, laying out the batches (the
 boundaries), the first epoch's batch order, and the first batch.
 
-    python benchmarks/data_scale.py --pairs 4000000 36000000 [--workdir DIR] [--window 0]
-
-``--window N`` batches within shuffled windows of N sentences (``train.batch_window``).
+    python benchmarks/data_scale.py --pairs 4000000 36000000 [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure_start(directory: str, max_tokens: int, mode: str, window: int = 0) -> dict[str, float]:
+def measure_start(directory: str, max_tokens: int, mode: str) -> dict[str, float]:
     """Seconds and peak-RSS growth (MB) of each stage from the split to the first batch."""
     from aiayn.data.batching import BatchIterator
     from aiayn.data.binarize import TokenDataset
@@ -65,8 +63,7 @@ def measure_start(directory: str, max_tokens: int, mode: str, window: int = 0) -
     data = TokenDataset(directory)
     out.update(load_s=time.perf_counter() - t, load_mb=_rss_mb() - out["rss_start_mb"])
     t = time.perf_counter()
-    kwargs = {"window": window} if window else {}
-    it = BatchIterator(data, max_tokens, seed=1, shuffle=True, mode=mode, **kwargs)
+    it = BatchIterator(data, max_tokens, seed=1, shuffle=True, mode=mode)
     out.update(layout_s=time.perf_counter() - t, layout_mb=_rss_mb() - out["rss_start_mb"])
     t = time.perf_counter()
     n = len(it.epoch_batches(1))
@@ -84,11 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, help="keep the fake splits here (default: a temporary folder)")
     p.add_argument("--max-tokens", type=int, default=25_000)
     p.add_argument("--mode", choices=("padded", "real"), default="padded")
-    p.add_argument("--window", type=int, default=0, help="batch within shuffled windows of this many sentences")
     p.add_argument("--measure", help=argparse.SUPPRESS)  # child process: one split
     args = p.parse_args(argv)
     if args.measure:
-        print(json.dumps(measure_start(args.measure, args.max_tokens, args.mode, args.window)))
+        print(json.dumps(measure_start(args.measure, args.max_tokens, args.mode)))
         return 0
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, numpy {np.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.pairs:
             directory = fake_split(root / f"fake_{n}", n)
             res = subprocess.run([sys.executable, __file__, "--measure", str(directory), "--max-tokens",
-                                  str(args.max_tokens), "--mode", args.mode, "--window", str(args.window)],
+                                  str(args.max_tokens), "--mode", args.mode],
                                  check=True, capture_output=True, text=True)
             r = json.loads(res.stdout.strip().splitlines()[-1])
             print(f"{n:>11,} pairs  load {r['load_s']:.2f} s {r['load_mb']:.0f} MB | layout {r['layout_s']:.2f} s "

@@ -46,8 +46,11 @@ class SizedPairs(Protocol):
     (``aiayn.data.sampling``), and ``src_sizes`` / ``tgt_sizes`` are what to batch by.
     """
 
-    src_sizes: np.ndarray
-    tgt_sizes: np.ndarray
+    @property
+    def src_sizes(self) -> np.ndarray: ...
+
+    @property
+    def tgt_sizes(self) -> np.ndarray: ...
 
     def __len__(self) -> int: ...
 
