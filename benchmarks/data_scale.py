@@ -5,7 +5,9 @@ pieces; target/source ratio log-normal around 1.05) is written without a tokeniz
 are a sparse file of zeros: batching reads only the lengths), then, in a fresh process each,
 the training iterator is built as `aiayn train` builds it and its first batch made. Printed:
 pairs, seconds and peak-RSS growth (MB) for loading the split, laying out the batches (the
-boundaries), the first epoch's batch order, and the first batch.
+boundaries), the first epoch's batch order, and the first batch; and the anonymous memory
+kept at the end (peak RSS also counts pages of the memory-mapped split, which the kernel may
+map generously and can drop at any time).
 
     python benchmarks/data_scale.py --pairs 4000000 36000000 [--workdir DIR]
 """
@@ -53,12 +55,21 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _anon_mb() -> float:
+    """Anonymous memory now (Linux), without the memory-mapped files' pages; else 0."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
 def measure_start(directory: str, max_tokens: int, mode: str) -> dict[str, float]:
     """Seconds and peak-RSS growth (MB) of each stage from the split to the first batch."""
     from aiayn.data.batching import BatchIterator
     from aiayn.data.binarize import TokenDataset
 
-    out: dict[str, float] = {"rss_start_mb": _rss_mb()}
+    out: dict[str, float] = {"rss_start_mb": _rss_mb(), "anon_start_mb": _anon_mb()}
     t = time.perf_counter()
     data = TokenDataset(directory)
     out.update(load_s=time.perf_counter() - t, load_mb=_rss_mb() - out["rss_start_mb"])
@@ -71,6 +82,7 @@ def measure_start(directory: str, max_tokens: int, mode: str) -> dict[str, float
     t = time.perf_counter()
     batch = next(iter(it))
     out.update(first_batch_s=time.perf_counter() - t, peak_mb=_rss_mb() - out["rss_start_mb"],
+               anon_mb=_anon_mb() - out["anon_start_mb"],
                first_batch_sentences=batch.size, pairs=len(data))
     return out
 
@@ -98,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{n:>11,} pairs  load {r['load_s']:.2f} s {r['load_mb']:.0f} MB | layout {r['layout_s']:.2f} s "
                   f"{r['layout_mb']:.0f} MB | epoch order {r['order_s']:.2f} s {r['order_mb']:.0f} MB | "
                   f"first batch {r['first_batch_s']:.3f} s | peak +{r['peak_mb']:.0f} MB "
-                  f"({r['peak_mb'] / n * 1e6:.0f} B/pair), {r['batches']:,} batches")
+                  f"({r['peak_mb'] / n * 1e6:.0f} B/pair; anonymous memory kept +{r['anon_mb']:.0f} MB), "
+                  f"{r['batches']:,} batches")
     return 0
 
 
