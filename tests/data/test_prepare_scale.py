@@ -151,3 +151,13 @@ def test_offsets_are_memory_mapped(tmp_path: Path) -> None:
     data = load_split(tmp_path / "out", "train")
     assert isinstance(data._src_off, np.memmap) and isinstance(data._tgt_off, np.memmap)
     assert data.src_sizes.dtype == np.int32 and len(data.src_sizes) == len(data) == 229
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 1000, 1 << 20])
+def test_chunked_stable_sort_equals_a_global_one(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(batching, "_KEY_CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    rank = rng.integers(0, 37, 4000).astype(np.uint16)
+    items = rng.permutation(4000).astype(np.int32)
+    expected = items[np.argsort(rank[items], kind="stable")]
+    assert (batching._stable_sort_by_rank(items, rank) == expected).all()

@@ -266,6 +266,27 @@ def _real_boundaries(src: list[int], tgt_out: list[int], counts: list[int], max_
     return bounds
 
 
+def _stable_sort_by_rank(items: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """``items`` ordered by ``rank[items]``, equal ranks in their order in ``items``: what
+    ``items[np.argsort(rank[items], kind="stable")]`` gives, with temporaries of one chunk
+    (each chunk sorted, then its runs written after the earlier chunks' items of equal rank)."""
+    n_ranks = int(rank.max()) + 1 if len(rank) else 1
+    counts = np.bincount(rank, minlength=n_ranks)
+    fill = np.zeros(n_ranks, dtype=np.int64)  # where each rank's next item goes
+    np.cumsum(counts[:-1], out=fill[1:])
+    out = np.empty_like(items)
+    for a in range(0, len(items), _KEY_CHUNK):
+        chunk = items[a:a + _KEY_CHUNK]
+        keys = rank[chunk]
+        by_rank = np.argsort(keys, kind="stable")
+        sorted_keys = keys[by_rank]
+        run_starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+        within = np.arange(len(chunk)) - np.repeat(run_starts, np.diff(np.r_[run_starts, len(chunk)]))
+        out[fill[sorted_keys] + within] = chunk[by_rank]
+        fill += np.bincount(keys, minlength=n_ranks)
+    return out
+
+
 class BatchIterator:
     """Epochs of token-budget batches, deterministic in ``(seed, epoch)``, resumable mid-epoch.
 
@@ -328,7 +349,7 @@ class BatchIterator:
             rng.shuffle(base)
         # By source length, then target length (the key is the rank of the length pair); a
         # stable sort keeps `base`'s order among equal lengths.
-        return base[np.argsort(key[base], kind="stable")]
+        return _stable_sort_by_rank(base, key)
 
     def _shard_bounds(self, bounds: list[int]) -> list[int]:
         """Split the largest batches in two until the batch count divides by num_shards."""
