@@ -74,6 +74,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     flt.add_argument("--max-len-ratio", type=float, help="drop training pairs whose length ratio exceeds this")
     flt.add_argument("--on-invalid-utf8", choices=("error", "replace", "skip"),
                      help="invalid UTF-8: stop (default), replace characters, or skip the pair")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes encoding the training pairs (default 1; the output is the same for any N)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -114,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
     from aiayn.data.prepare import prepare_data
 
     cfg = config_from_args(args)
-    summary = prepare_data(cfg, args.out, progress=not args.quiet, force=args.force)
+    summary = prepare_data(cfg, args.out, progress=not args.quiet, force=args.force, workers=args.workers)
     if args.json:
         print(json.dumps(summary, indent=2, ensure_ascii=False))
     else:

@@ -46,8 +46,11 @@ class SizedPairs(Protocol):
     (``aiayn.data.sampling``), and ``src_sizes`` / ``tgt_sizes`` are what to batch by.
     """
 
-    src_sizes: np.ndarray
-    tgt_sizes: np.ndarray
+    @property
+    def src_sizes(self) -> np.ndarray: ...
+
+    @property
+    def tgt_sizes(self) -> np.ndarray: ...
 
     def __len__(self) -> int: ...
 
@@ -150,50 +153,138 @@ def real_cost(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> int:
 BATCH_MODES = ("padded", "real")
 
 
-def _warn_oversize(need_arr: np.ndarray, max_tokens: int) -> None:
-    oversize = int((need_arr > max_tokens).sum())
+# Sentences whose sort keys are computed per step: bounds the temporaries at large scale.
+_KEY_CHUNK = 1 << 20
+
+
+# Length-pair keys up to this many are counted in a table (one pass); beyond, sorted.
+_KEY_TABLE = 1 << 24
+
+
+def _sort_keys(src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each sentence's rank among the distinct (source, target) lengths, and the distinct
+    lengths and how many sentences have each, in sorted order (source, then target).
+
+    Sorting by rank is sorting by length pair. Ranks take two bytes a sentence while there
+    are at most 65,536 distinct length pairs (WMT-size corpora have about 20,000), else four;
+    they are computed in chunks, so no length-sized int64 temporary is ever whole.
+    """
+    n = len(src_sizes)
+    width = int(np.max(tgt_sizes)) + 1 if n else 1
+    span = (int(np.max(src_sizes)) + 1) * width if n else 1
+
+    def keys(a: int) -> np.ndarray:
+        return np.asarray(src_sizes[a:a + _KEY_CHUNK], dtype=np.int64) * width + tgt_sizes[a:a + _KEY_CHUNK]
+
+    lookup: np.ndarray | None = None  # key -> rank, when the keys are counted in a table
+    if span <= _KEY_TABLE:
+        table = np.zeros(span, dtype=np.int64)
+        for a in range(0, n, _KEY_CHUNK):
+            table += np.bincount(keys(a), minlength=span)
+        merged = np.flatnonzero(table)
+        counts = table[merged]
+        lookup = np.zeros(span, dtype=np.int64)
+        lookup[merged] = np.arange(len(merged))
+    else:
+        keys_seen: list[np.ndarray] = []
+        counts_seen: list[np.ndarray] = []
+        for a in range(0, n, _KEY_CHUNK):
+            k, c = np.unique(keys(a), return_counts=True)
+            keys_seen.append(k)
+            counts_seen.append(c)
+        merged, where = np.unique(np.concatenate(keys_seen), return_inverse=True)
+        counts = np.bincount(where, weights=np.concatenate(counts_seen), minlength=len(merged)).astype(np.int64)
+    rank = np.empty(n, dtype=np.uint16 if len(merged) <= 1 << 16 else np.int32)
+    for a in range(0, n, _KEY_CHUNK):
+        rank[a:a + _KEY_CHUNK] = lookup[keys(a)] if lookup is not None else np.searchsorted(merged, keys(a))
+    return rank, np.stack([merged // width, merged % width], axis=1), counts
+
+
+def _boundaries(lengths: np.ndarray, counts: np.ndarray, max_tokens: int, mode: str = "padded") -> list[int]:
+    """Greedy batch boundaries over length-sorted sentences: ``[0, b1, b2, ..., n]``.
+
+    ``lengths`` holds the distinct (source, target) length pairs in sorted order and
+    ``counts`` how many sentences have each. Batches fill sentence by sentence as if the
+    sorted sentences came one at a time; a run of equal lengths is taken in whole steps, so
+    the work grows with the distinct lengths and the batches, not with the sentences.
+    """
+    src = lengths[:, 0].tolist()
+    tgt_out = (lengths[:, 1] + 1).tolist()  # target with EOS (or BOS)
+    need = [max(s, t) for s, t in zip(src, tgt_out)]  # longest side of each sentence
+    oversize = sum(c for v, c in zip(need, counts.tolist()) if v > max_tokens)
     if oversize:
-        log.warning("%d sentence(s) longer than max_tokens=%d form batches of their own",
-                    oversize, max_tokens)
-
-
-def _boundaries(src_sorted: np.ndarray, tgt_sorted: np.ndarray, max_tokens: int,
-                mode: str = "padded") -> list[int]:
-    """Greedy batch boundaries over length-sorted sentences: ``[0, b1, b2, ..., n]``."""
-    need_arr = np.maximum(src_sorted, tgt_sorted + 1)  # longest side of each sentence
-    _warn_oversize(need_arr, max_tokens)
+        log.warning("%d sentence(s) longer than max_tokens=%d form batches of their own", oversize, max_tokens)
     if mode == "real":
-        return _real_boundaries(src_sorted, tgt_sorted + 1, max_tokens)
-    # Sequential by nature; plain Python over ints, once per iterator, linear in the sentences.
+        return _real_boundaries(src, tgt_out, counts.tolist(), max_tokens)
     bounds = [0]
-    start = 0
-    longest = 0
-    for i, need in enumerate(need_arr.tolist()):
-        grown = need if need > longest else longest
-        if grown * (i - start + 1) > max_tokens and i > start:
-            bounds.append(i)
-            start = i
-            longest = need
-        else:
+    pos = size = longest = 0  # sentences placed; sentences in the open batch; its longest side
+    for v, m in zip(need, counts.tolist()):
+        while m:
+            if size:
+                grown = v if v > longest else longest
+                fit = max_tokens // grown - size  # more sentences the open batch takes
+                if fit <= 0:
+                    bounds.append(pos)
+                    size = longest = 0
+                    continue
+                take = min(fit, m)
+            else:  # a new batch: its first sentence always, then while size x longest fits
+                grown = v
+                take = min(max(1, max_tokens // v), m)
+            size += take
             longest = grown
-    if len(need_arr) > start:
-        bounds.append(len(need_arr))
+            pos += take
+            m -= take
+    if size:
+        bounds.append(pos)
     return bounds
 
 
-def _real_boundaries(src_sorted: np.ndarray, tgt_out_sorted: np.ndarray, max_tokens: int) -> list[int]:
+def _real_boundaries(src: list[int], tgt_out: list[int], counts: list[int], max_tokens: int) -> list[int]:
     """Greedy boundaries such that each side's real tokens stay within ``max_tokens``."""
     bounds = [0]
-    start = src_sum = tgt_sum = 0
-    for i, (a, b) in enumerate(zip(src_sorted.tolist(), tgt_out_sorted.tolist())):
-        if (src_sum + a > max_tokens or tgt_sum + b > max_tokens) and i > start:
-            bounds.append(i)
-            start, src_sum, tgt_sum = i, 0, 0
-        src_sum += a
-        tgt_sum += b
-    if len(src_sorted) > start:
-        bounds.append(len(src_sorted))
+    pos = size = src_sum = tgt_sum = 0
+    for a, b, m in zip(src, tgt_out, counts):
+        while m:
+            if size:
+                fit = min((max_tokens - src_sum) // a if a else m, (max_tokens - tgt_sum) // b)
+                if fit <= 0:
+                    bounds.append(pos)
+                    size = src_sum = tgt_sum = 0
+                    continue
+                take = min(fit, m)
+            else:  # a new batch: its first sentence always, then while both sides fit
+                more = min((max_tokens - a) // a if a else m, (max_tokens - b) // b)
+                take = min(1 + max(0, more), m)
+            size += take
+            src_sum += take * a
+            tgt_sum += take * b
+            pos += take
+            m -= take
+    if size:
+        bounds.append(pos)
     return bounds
+
+
+def _stable_sort_by_rank(items: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """``items`` ordered by ``rank[items]``, equal ranks in their order in ``items``: what
+    ``items[np.argsort(rank[items], kind="stable")]`` gives, with temporaries of one chunk
+    (each chunk sorted, then its runs written after the earlier chunks' items of equal rank)."""
+    n_ranks = int(rank.max()) + 1 if len(rank) else 1
+    counts = np.bincount(rank, minlength=n_ranks)
+    fill = np.zeros(n_ranks, dtype=np.int64)  # where each rank's next item goes
+    np.cumsum(counts[:-1], out=fill[1:])
+    out = np.empty_like(items)
+    for a in range(0, len(items), _KEY_CHUNK):
+        chunk = items[a:a + _KEY_CHUNK]
+        keys = rank[chunk]
+        by_rank = np.argsort(keys, kind="stable")
+        sorted_keys = keys[by_rank]
+        run_starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+        within = np.arange(len(chunk)) - np.repeat(run_starts, np.diff(np.r_[run_starts, len(chunk)]))
+        out[fill[sorted_keys] + within] = chunk[by_rank]
+        fill += np.bincount(keys, minlength=n_ranks)
+    return out
 
 
 class BatchIterator:
@@ -223,23 +314,22 @@ class BatchIterator:
         self.shard_id = int(shard_id)
         self.epoch: int = 1
         self.offset: int = 0
-        self._src_sizes = np.asarray(dataset.src_sizes, dtype=np.int64)
-        self._tgt_sizes = np.asarray(dataset.tgt_sizes, dtype=np.int64)
-        if len(self._src_sizes) == 0:
+        self._size = len(dataset)
+        if self._size == 0:
             raise DataError("cannot batch an empty dataset")
         # A dataset whose lengths change from epoch to epoch (subword sampling) is batched
         # by each epoch's lengths; any other once, by its own.
         self._epoch_sizes: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = getattr(dataset, "epoch_sizes", None)
-        self._layout = self._lay_out(self._src_sizes, self._tgt_sizes) if self._epoch_sizes is None else None
+        self._layout = self._lay_out(dataset.src_sizes, dataset.tgt_sizes) if self._epoch_sizes is None else None
         self._cache: tuple[int, list[np.ndarray]] | None = None
 
     def _lay_out(self, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> tuple[np.ndarray, list[int]]:
-        """The sort key and this shard's batch boundaries over the sorted sentences."""
-        key = src_sizes * (int(tgt_sizes.max()) + 1) + tgt_sizes
+        """The sort key (a length rank per sentence) and this shard's batch boundaries over
+        the sorted sentences."""
+        rank, lengths, counts = _sort_keys(np.asarray(src_sizes), np.asarray(tgt_sizes))
         # The sorted length sequence is the same for every tie-break permutation, so the
         # boundaries (and the split schedule for sharding) are computed once per layout.
-        order = np.argsort(key, kind="stable")
-        return key, self._shard_bounds(_boundaries(src_sizes[order], tgt_sizes[order], self.max_tokens, self.mode))
+        return rank, self._shard_bounds(_boundaries(lengths, counts, self.max_tokens, self.mode))
 
     # ------------------------------------------------------------------ batches
 
@@ -252,10 +342,14 @@ class BatchIterator:
     @staticmethod
     def _sorted_order(key: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
         n = len(key)
-        base = rng.permutation(n) if rng is not None else np.arange(n)
-        # By source length, then target length; a stable sort keeps `base`'s order among
-        # equal lengths. One combined integer key needs one sort, np.lexsort one per key.
-        return base[np.argsort(key[base], kind="stable")]
+        # Sentence indices take four bytes while they can. Shuffling them in place draws what
+        # rng.permutation(n) draws, whatever their type.
+        base = np.arange(n, dtype=np.int32 if n < 1 << 31 else np.int64)
+        if rng is not None:
+            rng.shuffle(base)
+        # By source length, then target length (the key is the rank of the length pair); a
+        # stable sort keeps `base`'s order among equal lengths.
+        return _stable_sort_by_rank(base, key)
 
     def _shard_bounds(self, bounds: list[int]) -> list[int]:
         """Split the largest batches in two until the batch count divides by num_shards."""
@@ -269,7 +363,7 @@ class BatchIterator:
             if b - a < 2:
                 raise DataError(
                     f"cannot give {self.num_shards} shards the same number of batches: "
-                    f"{len(spans)} batches of one sentence each (dataset of {len(self._src_sizes)} "
+                    f"{len(spans)} batches of one sentence each (dataset of {self._size} "
                     f"sentences); use a larger dataset or fewer shards")
             mid = (a + b) // 2
             spans[j:j + 1] = [(a, mid), (mid, b)]

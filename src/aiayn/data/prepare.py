@@ -20,6 +20,15 @@ Only training pairs are filtered (empty, too long, length ratio; see
 sets. The directory is built in a temporary sibling and swapped in at the end: an error
 leaves the previous directory (or nothing) behind, never a partial one. Rebuilding reuses
 the tokenizer and any binarized split whose inputs (hashed) did not change.
+
+Large corpora: ``workers`` processes encode the training pairs (the output is the same
+byte for byte for any number), with a progress bar counting pairs against the input's line
+count. A prepare that stops before the end (interrupted, killed, a crash) keeps what it
+finished in a sibling ``.NAME.partial`` folder: the tokenizer, complete splits, and the
+encoded chunks of the split it was in; the next prepare of the same inputs and settings
+continues from there, and its result equals an uninterrupted one byte for byte (the
+summary's timings and ``reused`` flags aside). Bad input (an error with a message) and
+success remove that folder.
 """
 
 from __future__ import annotations
@@ -30,14 +39,15 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from aiayn.config import DataConfig
 from aiayn.data import datasets as ds
@@ -51,8 +61,8 @@ from aiayn.data.binarize import (
 )
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
-from aiayn.errors import ConfigError, DataError
-from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir
+from aiayn.errors import AiaynError, ConfigError, DataError
+from aiayn.fileio import GZIP_MAGIC, atomic_dir, atomic_file, check_empty_dir, write_atomic
 from aiayn.text.extend import add_source_controls, extend_tokenizer
 from aiayn.text.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, leading_tag, train_tokenizer
@@ -77,6 +87,7 @@ class Source:
     tag: str  # content identity for cache keys: checksums / file hashes / generator params
     open: Callable[[bool, ReadStats], Iterator[tuple[str, str]]]  # (drop_invalid, stats) -> pairs
     files: list[str] = field(default_factory=list)
+    count: Callable[[], int | None] = lambda: None  # lines to read, where cheap to know (progress)
 
 
 def _file_source(role: str, src: str | None, tgt: str | None, tsv: str | None, on_invalid: str
@@ -86,7 +97,7 @@ def _file_source(role: str, src: str | None, tgt: str | None, tsv: str | None, o
             raise ConfigError(f"data.{role}_tsv: give either {role}_tsv or {role}_src + {role}_tgt")
         path = Path(tsv)
         return Source(role, path.name, "tsv:" + file_digest(path),
-                      lambda drop, st: iter_tsv(path, on_invalid, drop, st), [str(path)])
+                      lambda drop, st: iter_tsv(path, on_invalid, drop, st), [str(path)], lambda: count_lines(path))
     if src is None and tgt is None:
         return None
     if src is None or tgt is None:
@@ -95,7 +106,8 @@ def _file_source(role: str, src: str | None, tgt: str | None, tsv: str | None, o
     sp, tp = Path(src), Path(tgt)
     tag = "files:" + file_digest(sp) + ":" + file_digest(tp)
     return Source(role, f"{sp.name} / {tp.name}", tag,
-                  lambda drop, st: iter_parallel(sp, tp, on_invalid, drop, st), [str(sp), str(tp)])
+                  lambda drop, st: iter_parallel(sp, tp, on_invalid, drop, st), [str(sp), str(tp)],
+                  lambda: count_lines(sp))
 
 
 def _split_name(info: ds.DatasetInfo, requested: str, role: str) -> str:
@@ -159,7 +171,7 @@ def _synthetic_source(cfg: DataConfig, role: str) -> Source:
         return iter(pairs)
 
     return Source(role, f"synthetic:{cfg.synthetic}", "synthetic:" + json.dumps(params, sort_keys=True),
-                  open_)
+                  open_, count=lambda: n)
 
 
 def resolve_sources(cfg: DataConfig, progress: bool = True) -> dict[str, Source]:
@@ -276,39 +288,66 @@ def _old_summary(out: Path) -> dict[str, Any]:
 
 def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = True,
                  extra_files: dict[str, Path] | None = None,
-                 extra_summary: dict[str, Any] | None = None, force: bool = False) -> dict[str, Any]:
+                 extra_summary: dict[str, Any] | None = None, force: bool = False,
+                 workers: int = 1) -> dict[str, Any]:
     """Build the prepared directory ``out_dir`` from ``cfg``; return (and write) the summary.
 
     ``extra_files`` (name -> file) are copied into the directory and ``extra_summary`` merged
     into the summary, both before it is swapped in (used by the parsing task for gold trees).
+    ``workers``: processes encoding the training pairs.
     """
     t0 = time.perf_counter()
     cfg.validate()
+    if workers < 1:
+        raise ConfigError(f"workers must be at least 1, got {workers}")
     out = check_empty_dir(out_dir, force, DataError, inputs=_input_paths(cfg, extra_files), own=is_prepared_dir)
     sources = resolve_sources(cfg, progress)
     old = _old_summary(out)
+    work = partial_dir(out)
     timings: dict[str, float] = {}
     reused: dict[str, bool] = {}
-    with atomic_dir(out, force=True) as tmp:
-        t = time.perf_counter()
-        tokenizer, tok_key = _prepare_tokenizer(cfg, sources["train"], out, tmp, old, reused)
-        timings["tokenizer"] = time.perf_counter() - t
-        splits: dict[str, dict[str, Any]] = {}
-        for role, source in sources.items():
+    try:
+        with atomic_dir(out, force=True) as tmp:
+            work.mkdir(parents=True, exist_ok=True)
             t = time.perf_counter()
-            splits[role] = _prepare_split(cfg, role, source, tokenizer, out, tmp, reused)
-            timings[role] = time.perf_counter() - t
-        t = time.perf_counter()
-        _prepare_shortlist(cfg, tokenizer, tmp)
-        timings["shortlist"] = time.perf_counter() - t
-        summary = _summary(cfg, sources, tokenizer, tok_key, splits, reused, timings)
-        summary.update(extra_summary or {})
-        for name, path in (extra_files or {}).items():
-            shutil.copyfile(path, tmp / name)
-        summary["time_s"]["total"] = round(time.perf_counter() - t0, 3)
-        (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            tokenizer, tok_key = _prepare_tokenizer(cfg, sources["train"], out, tmp, old, reused, work)
+            timings["tokenizer"] = time.perf_counter() - t
+            splits: dict[str, dict[str, Any]] = {}
+            for role, source in sources.items():
+                t = time.perf_counter()
+                splits[role] = _prepare_split(cfg, role, source, tokenizer, out, tmp, reused,
+                                              _Build(work, workers, progress))
+                timings[role] = time.perf_counter() - t
+            t = time.perf_counter()
+            _prepare_shortlist(cfg, tokenizer, tmp)
+            timings["shortlist"] = time.perf_counter() - t
+            summary = _summary(cfg, sources, tokenizer, tok_key, splits, reused, timings)
+            summary.update(extra_summary or {})
+            for name, path in (extra_files or {}).items():
+                shutil.copyfile(path, tmp / name)
+            summary["time_s"]["total"] = round(time.perf_counter() - t0, 3)
+            (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except AiaynError:
+        # Bad input or settings: what was done is of no use once they are fixed.
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
     log.info("prepared %s in %.1f s", out, summary["time_s"]["total"])
     return summary
+
+
+def partial_dir(out: Path) -> Path:
+    """Where an unfinished prepare of ``out`` keeps its completed work."""
+    return out.with_name(f".{out.name}.partial")
+
+
+@dataclass
+class _Build:
+    """How splits are built: in ``work`` (kept if interrupted), by ``workers`` processes."""
+
+    work: Path
+    workers: int = 1
+    progress: bool = False
 
 
 def is_prepared_dir(out: Path) -> bool:
@@ -325,9 +364,10 @@ def _input_paths(cfg: DataConfig, extra_files: dict[str, Path] | None) -> list[s
 
 
 def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old: dict[str, Any],
-                       reused: dict[str, bool]) -> tuple[Tokenizer, str]:
+                       reused: dict[str, bool], work: Path) -> tuple[Tokenizer, str]:
     """The tokenizer and its key: a given one, else the previous one if trained on the same
-    text with the same settings, else a new one; saved into ``tmp``."""
+    text with the same settings (in ``out``, or in ``work`` from an unfinished prepare),
+    else a new one; saved into ``tmp``."""
     given = _given_tokenizer(cfg)
     tok_key = _tokenizer_key(cfg, train, given)
     tokenizer = None
@@ -342,12 +382,21 @@ def _prepare_tokenizer(cfg: DataConfig, train: Source, out: Path, tmp: Path, old
             reused["tokenizer"] = True
         except DataError:
             tokenizer = None
+    if tokenizer is None and _read_text(work / TOKENIZER_KEY) == tok_key:
+        try:
+            tokenizer = Tokenizer.load(work / "tokenizer")
+            tokenizer.save(tmp)
+            reused["tokenizer"] = True
+        except DataError:
+            tokenizer = None
     if tokenizer is None and given is not None:
         tokenizer = _extend(cfg, given, train, tmp)
         reused["tokenizer"] = False
     if tokenizer is None:
         tokenizer = _train(cfg, train, tmp)
         reused["tokenizer"] = False
+        tokenizer.save(work / "tokenizer")
+        write_atomic(work / TOKENIZER_KEY, tok_key, durable=False)
     return tokenizer, tok_key
 
 
@@ -390,10 +439,21 @@ def _prepare_shortlist(cfg: DataConfig, tokenizer: Tokenizer, tmp: Path) -> None
              len(tokenizer.shortlist.frequent))
 
 
+TOKENIZER_KEY = "tokenizer.key"
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, ValueError):
+        return None
+
+
 def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokenizer, out: Path, tmp: Path,
-                   reused: dict[str, bool]) -> dict[str, Any]:
-    """One binarized split in ``tmp``, reused from ``out`` when its key (inputs, tokenizer,
-    filters) did not change; returns its entry of the summary."""
+                   reused: dict[str, bool], build: _Build) -> dict[str, Any]:
+    """One binarized split in ``tmp``, reused from ``out`` (or from an unfinished prepare's
+    ``build.work``) when its key (inputs, tokenizer, filters) did not change; returns its
+    entry of the summary."""
     filters = _filters(cfg) if role == "train" else None
     extra: dict[str, Any] = {"on_invalid_utf8": cfg.on_invalid_utf8}
     if cfg.tgt_lang_tag:  # every source sequence starts with the target-language tag
@@ -401,14 +461,16 @@ def _prepare_split(cfg: DataConfig, role: str, source: Source, tokenizer: Tokeni
         extra["src_tag"] = tokenizer.src_tag
     key = cache_key([source.tag], tokenizer, filters, **extra)
     dataset = None
-    if read_key(out / role) == key and (role == "train" or _has_text(out, role)):
-        try:
-            dataset = _reuse_split(out, tmp, role)
-            reused[role] = True
-        except (DataError, OSError):
-            dataset = None
+    for where in (out, build.work):
+        if dataset is None and read_key(where / role) == key and (role == "train" or _has_text(where, role)):
+            try:
+                dataset = _reuse_split(where, tmp, role)
+                reused[role] = True
+            except (DataError, OSError):
+                dataset = None
     if dataset is None:
-        dataset = _build_split(source, role, tokenizer, tmp, filters, key, ReadStats())
+        _build_split(source, role, tokenizer, build, filters, key, ReadStats())
+        dataset = _reuse_split(build.work, tmp, role, quiet=True)
         reused[role] = False
     meta = dataset.meta
     return {
@@ -549,39 +611,57 @@ class _ReadAfreshEachPass:
         return self._make()
 
 
-def _build_split(source: Source, role: str, tokenizer: Tokenizer, tmp: Path,
+def _build_split(source: Source, role: str, tokenizer: Tokenizer, build: _Build,
                  filters: FilterConfig | None, key: str, stats: ReadStats) -> TokenDataset:
+    """The split ``role`` (and, for evaluation, its text) built in ``build.work``; its
+    ``meta.json`` is complete (key included) only once everything else is."""
     train = role == "train"
+    work = build.work
     pairs = source.open(train, stats)
     if not train:
         # Evaluation text is kept verbatim (all lines) for BLEU references.
         pairs_list = list(pairs)
-        _write_text(tmp / f"{role}.src.txt", (s for s, _ in pairs_list))
-        _write_text(tmp / f"{role}.tgt.txt", (t for _, t in pairs_list))
+        _write_text(work / f"{role}.src.txt", (s for s, _ in pairs_list))
+        _write_text(work / f"{role}.tgt.txt", (t for _, t in pairs_list))
         pairs = iter(pairs_list)
-    dataset = binarize(pairs, tokenizer, tmp / role, filters, key)
-    # Reading-stage drops (invalid UTF-8 under `skip`) join the filter counts in meta.json.
-    meta_path = tmp / role / "meta.json"
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    dropped = Counter(meta["dropped"])
-    dropped.update(stats.dropped)
-    meta.update(dropped={k: int(v) for k, v in sorted(dropped.items())}, lines=stats.lines,
-                replaced=stats.replaced)
-    meta_path.write_text(json.dumps(meta, indent=2), encoding="utf-8")
-    if not dataset.meta["pairs"] and train:
+    total = source.count() if build.progress and train else None
+    with tqdm(total=total, unit=" pairs", unit_scale=True, desc=f"encode {role}", file=sys.stderr,
+              disable=not (build.progress and train), dynamic_ncols=True) as bar:
+        # Reading-stage drops (invalid UTF-8 under `skip`) join the filter counts in meta.json.
+        dataset = binarize(pairs, tokenizer, work / role, filters, key, lambda: dict(stats.dropped),
+                           workers=build.workers if train else 1, state_dir=work / f"{role}.chunks",
+                           progress=bar.update, extra_meta=lambda: dict(lines=stats.lines, replaced=stats.replaced))
+    meta = dataset.meta
+    if not meta["pairs"] and train:
         raise DataError(f"{source.name}: no training pairs left after filtering "
                         f"(dropped: {meta['dropped']})")
-    if not train and dataset.meta["pairs"] != stats.lines:
+    if not train and meta["pairs"] != stats.lines:
         raise AssertionError("evaluation data must keep every line")
-    return TokenDataset(tmp / role)
+    return dataset
 
 
-def _reuse_split(out: Path, tmp: Path, role: str) -> TokenDataset:
+def count_lines(path: Path) -> int | None:
+    """Lines of a plain text file (a last line without a newline counts); None if gzipped."""
+    with open(path, "rb") as f:
+        if f.read(2) == GZIP_MAGIC:
+            return None
+        f.seek(0)
+        n = 0
+        last = b"\n"
+        for block in iter(lambda: f.read(1 << 24), b""):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def _reuse_split(out: Path, tmp: Path, role: str, quiet: bool = False) -> TokenDataset:
+    """The split ``role`` of ``out`` (and its text) linked into ``tmp``."""
     _link_tree(out / role, tmp / role)
     if role != "train":
         for side in ("src", "tgt"):
             _link_file(out / f"{role}.{side}.txt", tmp / f"{role}.{side}.txt")
-    log.info("%s: reusing the binarized %s split", out, role)
+    if not quiet:
+        log.info("%s: reusing the binarized %s split", out, role)
     return TokenDataset(tmp / role)
 
 
