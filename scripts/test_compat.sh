@@ -11,8 +11,8 @@
 #
 # Environment: PY (the interpreter, python3), COMPAT_PINS ("name==V ..." replacing those
 # packages in every set), COMPAT_TESTS (the test paths), PYTEST_ARGS (more pytest arguments).
-# Each set leaves build/compat/SET/{freeze.txt,pytest.log} and one summary line in
-# build/compat/summary.txt; the exit status is non-zero when any set failed.
+# Each set leaves build/compat/SET/{requirements.txt,pip.log,freeze.txt,pytest.log,summary.txt};
+# the summary lines are printed at the end, and the exit status is non-zero when any set failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -62,7 +62,7 @@ run_set() {
     log "$set: installing $(tr '\n' ' ' <"$dir/requirements.txt")"
     if ! "$venv/bin/pip" install -q -r "$dir/requirements.txt" -r "$dir/tools.txt" >"$dir/pip.log" 2>&1; then
         tail -n 30 "$dir/pip.log" >&2
-        echo "$set: install failed: $(grep -m1 -E '^ERROR' "$dir/pip.log")" >>"$BUILD/summary.txt"
+        echo "$set: install failed: $(grep -m1 -E '^ERROR' "$dir/pip.log")" >"$dir/summary.txt"
         return 1
     fi
     "$venv/bin/pip" install -q --no-deps -e . >>"$dir/pip.log" 2>&1 || { tail -n 30 "$dir/pip.log" >&2; return 1; }
@@ -77,11 +77,10 @@ run_set() {
     local rc=$?
     local summary
     summary=$(tail -n 1 "$dir/pytest.log" | sed 's/=//g; s/^ *//; s/ *$//')
-    echo "$set: ${versions}-> ${summary} (exit $rc, $(( $(date +%s) - start )) s with installs)" >>"$BUILD/summary.txt"
+    echo "$set: ${versions}-> ${summary} (exit $rc, $(( $(date +%s) - start )) s with installs)" >"$dir/summary.txt"
     [ "$rc" -eq 0 ] || { grep -E '^(FAILED|ERROR)' "$dir/pytest.log" | head -n 20 >&2; return 1; }
 }
 
-: >"$BUILD/summary.txt"
 status=0
 for set in "${sets[@]}"; do
     case $set in
@@ -89,5 +88,5 @@ for set in "${sets[@]}"; do
         *) log "unknown set $set (lower, latest)"; exit 2 ;;
     esac
 done
-cat "$BUILD/summary.txt"
+for set in "${sets[@]}"; do cat "$BUILD/$set/summary.txt" 2>/dev/null || echo "$set: no result"; done
 exit $status
