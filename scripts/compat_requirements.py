@@ -2,7 +2,7 @@
 
     python scripts/compat_requirements.py lower   # every dependency at the lower bound it claims
     python scripts/compat_requirements.py latest  # the newest transformers, ctranslate2, uvicorn
-    python scripts/compat_requirements.py tools   # what the tests themselves need
+    python scripts/compat_requirements.py tools [--floors]  # what the tests themselves need
 
 Both sets cover [project.dependencies] and the serve and interop extras:
 
@@ -12,7 +12,9 @@ Both sets cover [project.dependencies] and the serve and interop extras:
   pinned to ``--torch`` (the oldest release the newest transformers accepts).
 
 ``--pin name==V`` (repeatable) replaces that package's line in either set.
-``tools``: the dev extra without linters, type stubs, the browser driver and aiayn itself.
+``tools``: the dev extra without linters, type stubs, the browser driver and aiayn itself;
+with ``--floors`` at their lower bounds where they have one (the lower set: an old starlette's
+test client needs an httpx of its time).
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ def project_requirements(pyproject: dict) -> list[str]:
     return found
 
 
-def requirements(kind: str, pyproject: dict, torch: str | None, pins: list[str]) -> list[str]:
+def requirements(kind: str, pyproject: dict, torch: str | None, pins: list[str], floors: bool = False) -> list[str]:
     if kind == "tools":
-        return [r for r in pyproject["project"]["optional-dependencies"]["dev"] if not NOT_FOR_TESTS.match(r)]
+        tools = [r for r in pyproject["project"]["optional-dependencies"]["dev"] if not NOT_FOR_TESTS.match(r)]
+        return [lowest(r) if floors and ">=" in r else r for r in tools]
     found = project_requirements(pyproject)
     if kind == "lower":
         found = [lowest(r) for r in found]
@@ -78,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("kind", choices=["lower", "latest", "tools"])
     parser.add_argument("--torch", help="the torch release of the latest set")
     parser.add_argument("--pin", action="append", default=[], help="name==V replacing that package's line")
+    parser.add_argument("--floors", action="store_true", help="tools: at their lower bounds")
     args = parser.parse_args(argv)
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    sys.stdout.write("".join(line + "\n" for line in requirements(args.kind, pyproject, args.torch, args.pin)))
+    lines = requirements(args.kind, pyproject, args.torch, args.pin, args.floors)
+    sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 
 

@@ -31,17 +31,19 @@ mkdir -p "$BUILD"
 
 log() { echo "test-compat: $*" >&2; }
 
-# The oldest torch the installed transformers accepts (its "torch" extra), if above ours.
+# The oldest torch the installed transformers accepts (its "torch" extra), or aiayn's own floor if that is higher.
 torch_for_transformers() {
-    "$1/bin/python" - <<'EOF'
+    TORCH_FLOOR=$("$PY" scripts/compat_requirements.py lower | sed -n 's/^torch==//p') "$1/bin/python" - <<'EOF'
+import os
 import re
 from importlib.metadata import requires
-floor = "2.2.0"
+def release(v): return tuple(int(x) for x in v.split("."))
+floor = os.environ["TORCH_FLOOR"]
 for req in requires("transformers") or []:
     m = re.match(r"torch\s*>=\s*([0-9.]+)\s*;.*extra\s*==\s*.torch.", req)
-    if m:
+    if m and release(m[1]) > release(floor):
         floor = m[1]
-print(floor if floor.count(".") == 2 else floor + ".0")
+print(".".join(map(str, (release(floor) + (0, 0))[:3])))
 EOF
 }
 
@@ -58,7 +60,7 @@ run_set() {
         torch_arg=(--torch "$(torch_for_transformers "$venv")")
     fi
     "$PY" scripts/compat_requirements.py "$set" "${torch_arg[@]}" "${pin_args[@]}" >"$dir/requirements.txt" || return 1
-    "$PY" scripts/compat_requirements.py tools >"$dir/tools.txt" || return 1
+    "$PY" scripts/compat_requirements.py tools $([ "$set" = lower ] && echo --floors) >"$dir/tools.txt" || return 1
     log "$set: installing $(tr '\n' ' ' <"$dir/requirements.txt")"
     if ! "$venv/bin/pip" install -q -r "$dir/requirements.txt" -r "$dir/tools.txt" >"$dir/pip.log" 2>&1; then
         tail -n 30 "$dir/pip.log" >&2

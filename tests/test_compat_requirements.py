@@ -53,6 +53,7 @@ def test_a_pin_replaces_that_package_whatever_its_spelling(compat) -> None:
 
 def test_tools_are_the_dev_extra_without_linters_stubs_browser_and_self(compat) -> None:
     assert compat.requirements("tools", PYPROJECT, None, []) == ["pytest>=8", "httpx>=0.27"]
+    assert compat.requirements("tools", PYPROJECT, None, [], floors=True) == ["pytest==8", "httpx==0.27"]
 
 
 def test_a_requirement_without_a_floor_is_refused(compat) -> None:
