@@ -12,17 +12,24 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# Every version the image installs is pinned in docker/constraints.txt (the versions the
+# tests passed with; scripts/docker_constraints.py writes it), so that a rebuild installs
+# the same packages as the last one.
+COPY docker/constraints.txt /constraints.txt
+
 # torch first, from PyTorch's CPU index: from PyPI, `pip install .` would pull the CUDA
 # build and several GB of CUDA libraries. Its own layer, so that it is cached across
-# rebuilds of the source.
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+# rebuilds of the source. `+cpu` names the CPU build; its dependencies come from PyPI,
+# pinned like the rest.
+RUN pip install -c /constraints.txt --index-url https://download.pytorch.org/whl/cpu \
+        --extra-index-url https://pypi.org/simple torch==2.13.0+cpu
 
 # Only what the package needs to build (.dockerignore keeps the rest out of the context).
 WORKDIR /build
 COPY pyproject.toml README.md ./
 COPY src ./src
 # A regular (not editable) install, so that the source tree can go.
-RUN pip install ".[serve]" && rm -rf /build
+RUN pip install -c /constraints.txt ".[serve]" && rm -rf /build /constraints.txt
 
 # Never run a network service as root.
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin aiayn

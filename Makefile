@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow lint bench bench-gpu multi30k wmt14 clean install docs mutation mutation-check
+.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k wmt14 clean install docs mutation mutation-check
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
@@ -43,6 +43,14 @@ test: $(VENV)/.installed-dev
 
 test-slow: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+
+# The interop, serving and model tests against the lowest versions pyproject.toml claims and
+# against the newest transformers, ctranslate2 and uvicorn, each in a throwaway venv under
+# build/compat (docs/testing.md, "Supported versions"). Slow (several GB of installs): run
+# before a release and after changing a lower bound; not part of `make test`.
+COMPAT_SETS ?= lower latest
+test-compat:
+	PY=$(PY) bash scripts/test_compat.sh $(COMPAT_SETS)
 
 # Mutation testing of the search, loss, schedules, checkpointing, scorers, trees and int8
 # quantization ([tool.mutmut] in pyproject.toml): mutants/ holds the run; the score per module

@@ -2,13 +2,16 @@
 
 Checked statically everywhere: what it installs and in which order, that it runs as a
 user other than root, that its command line is one `aiayn serve` accepts (parsed by
-aiayn's own parser), and that the health check and the exposed port agree with it. Built,
-run and probed on /health only where a Docker daemon answers (`docker info`)."""
+aiayn's own parser), that the health check and the exposed port agree with it, and that
+every version it installs is pinned (docker/constraints.txt). Built, run, and probed on
+/health and /v1/translate in the slow suite where a container runtime (podman or docker)
+works and can pull the base image; otherwise that test skips naming what was missing."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -21,9 +24,16 @@ import pytest
 
 from aiayn.cli.main import build_parser
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
+CONSTRAINTS = REPO / "docker" / "constraints.txt"
+PYPROJECT = REPO / "pyproject.toml"
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 TORCH_PIN = "torch==2.13.0"
 
@@ -79,6 +89,33 @@ def test_base_image_and_install_order(steps: list[tuple[str, str]]) -> None:
     # torch before the package: otherwise pip would pull the CUDA build from PyPI.
     assert torch < serve
     assert index(steps, "COPY", "pyproject.toml") < serve and index(steps, "COPY", "src") < serve
+
+
+def constraint_pins() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in CONSTRAINTS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, sep, version = line.partition("==")
+            assert sep and version, f"docker/constraints.txt: {line!r} is not name==version"
+            pins[name] = version
+    return pins
+
+
+def test_every_install_is_pinned_by_the_constraints(steps: list[tuple[str, str]]) -> None:
+    copied = index(steps, "COPY", "docker/constraints.txt")
+    installs = [i for i, (k, args) in enumerate(steps) if k == "RUN" and "pip install" in args]
+    assert installs and all(copied < i and "-c /constraints.txt" in steps[i][1] for i in installs)
+    pins = constraint_pins()
+    assert pins["torch"] == TORCH_PIN.split("==")[1]
+    # Every dependency of aiayn[serve] has its version there, and it satisfies pyproject.toml.
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]
+    for text in project["dependencies"] + project["optional-dependencies"]["serve"]:
+        req = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"docker/constraints.txt does not pin {name}"
+        assert req.specifier.contains(pins[name]), f"docker/constraints.txt: {name}=={pins[name]} is not {text}"
 
 
 def test_copied_files_exist_and_reach_the_build_context(steps: list[tuple[str, str]]) -> None:
@@ -140,56 +177,88 @@ def test_the_command_line_is_one_aiayn_serve_accepts(steps: list[tuple[str, str]
     assert health.split(" CMD ", 1)[1].startswith("[")  # exec form: no shell in the image is needed
 
 
-def _docker_unavailable() -> str | None:
-    if shutil.which("docker") is None:
-        return "platform: no docker client installed"
-    try:
-        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
-        return "platform: `docker info` did not answer within 60 s"
-    if info.returncode != 0:
-        last = (info.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"platform: no Docker daemon (`docker info`: {last})"
-    return None
+RUNTIMES = ("podman", "docker")
 
 
-def docker(*args: str, timeout: float = 120) -> str:
-    r = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, f"docker {' '.join(args)}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+def _first_error_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith("error")]
+    return (errors or lines or ["no output"])[0]
+
+
+def container_runtime() -> tuple[str | None, str]:
+    """(the runtime that can build the image here, "") or (None, the skip reason naming
+    which runtime was missing or why it could not run)."""
+    found = [name for name in RUNTIMES if shutil.which(name)]
+    if not found:
+        return None, f"platform: no container runtime ({', '.join(RUNTIMES)}) on PATH"
+    base = one(instructions(DOCKERFILE.read_text(encoding="utf-8")), "FROM")
+    reasons = []
+    for name in found:
+        try:
+            info = subprocess.run([name, "info"], capture_output=True, text=True, timeout=60)
+            if info.returncode != 0:
+                reasons.append(f"{name} does not run here (`{name} info`: {_first_error_line(info.stderr)})")
+                continue
+            # The build starts from the base image: where it cannot be pulled, nothing builds.
+            pull = subprocess.run([name, "pull", base], capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired as exc:
+            reasons.append(f"`{' '.join(map(str, exc.cmd))}` did not answer within {exc.timeout:.0f} s")
+            continue
+        if pull.returncode != 0:
+            reasons.append(f"{name} cannot build here: {_first_error_line(pull.stderr + pull.stdout)}")
+            continue
+        return name, ""
+    return None, "platform: " + "; ".join(reasons)
+
+
+def runtime_cmd(runtime: str, *args: str, timeout: float = 120) -> str:
+    r = subprocess.run([runtime, *args], capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{runtime} {' '.join(args)}:\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     return r.stdout.strip()
 
 
 @pytest.fixture(scope="module")
-def image() -> Iterator[str]:
-    reason = _docker_unavailable()
-    if reason:
+def image() -> Iterator[tuple[str, str]]:
+    runtime, reason = container_runtime()
+    if runtime is None:
         pytest.skip(reason)
     tag = f"aiayn-serve-test:{uuid.uuid4().hex[:8]}"
-    docker("build", "-t", tag, str(REPO), timeout=1800)
+    # podman keeps HEALTHCHECK only in Docker's image format.
+    fmt = ["--format", "docker"] if runtime == "podman" else []
+    runtime_cmd(runtime, "build", *fmt, "-t", tag, str(REPO), timeout=1800)
     try:
-        yield tag
+        yield runtime, tag
     finally:
-        subprocess.run(["docker", "rmi", "-f", tag], capture_output=True, timeout=120)
+        subprocess.run([runtime, "rmi", "-f", tag], capture_output=True, timeout=120)
+
+
+def healthy(runtime: str, cid: str) -> bool:
+    """The image's own HEALTHCHECK: Docker's daemon runs it; podman runs it on request."""
+    if runtime == "podman":
+        return subprocess.run(["podman", "healthcheck", "run", cid], capture_output=True, timeout=60).returncode == 0
+    status = runtime_cmd(runtime, "inspect", "--format", "{{.State.Health.Status}}", cid)
+    assert status in ("starting", "healthy"), runtime_cmd(runtime, "logs", cid)
+    return status == "healthy"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # the image's build (its fixture) may take up to 30 minutes
-def test_the_image_serves_a_mounted_checkpoint(image: str, tiny_checkpoint: Path) -> None:
+def test_the_image_serves_a_mounted_checkpoint(image: tuple[str, str], tiny_checkpoint: Path) -> None:
     httpx = pytest.importorskip("httpx")
-    cid = docker("run", "-d", "-p", "127.0.0.1::8000", "--health-interval", "1s", "--health-start-period", "120s",
-                 "-v", f"{tiny_checkpoint}:/model:ro", image, "--checkpoint", "/model", "--threads", "1")
+    runtime, tag = image
+    cid = runtime_cmd(runtime, "run", "-d", "-p", "127.0.0.1::8000", "--health-interval", "1s",
+                      "--health-start-period", "120s", "-v", f"{tiny_checkpoint}:/model:ro", tag,
+                      "--checkpoint", "/model", "--threads", "1")
     try:
-        url = "http://" + docker("port", cid, "8000").splitlines()[0]
-        status = ""
+        url = "http://" + runtime_cmd(runtime, "port", cid, "8000").splitlines()[0].replace("0.0.0.0", "127.0.0.1")
         deadline = time.monotonic() + 300
-        while status != "healthy":  # the image's own HEALTHCHECK, run by the daemon
-            assert time.monotonic() < deadline, docker("logs", cid)
-            status = docker("inspect", "--format", "{{.State.Health.Status}}", cid)
-            assert status in ("starting", "healthy"), docker("logs", cid)
+        while not healthy(runtime, cid):
+            assert time.monotonic() < deadline, runtime_cmd(runtime, "logs", cid)
             time.sleep(1)
         assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
         r = httpx.post(f"{url}/v1/translate", json={"texts": ["a b c"]}, timeout=120)
         assert r.status_code == 200 and len(r.json()["translations"]) == 1
-        assert docker("exec", cid, "id", "-u") != "0"
+        assert runtime_cmd(runtime, "exec", cid, "id", "-u") != "0"
     finally:
-        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, timeout=120)
+        subprocess.run([runtime, "rm", "-f", cid], capture_output=True, timeout=120)
