@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +102,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def _seeded() -> None:
     """The test itself starts from the seed, after its broader-scoped fixtures drew numbers."""
     seed_everything()
+
+
+@pytest.fixture(autouse=True)
+def _inductor_cache_variable() -> Iterator[None]:
+    """Compiling points $TORCHINDUCTOR_CACHE_DIR at aiayn's cache (aiayn.runtime.use_compile_cache),
+    in this process's environment: restored after each test, so that no later test, nor a
+    process it starts, inherits it."""
+    name = "TORCHINDUCTOR_CACHE_DIR"
+    before = os.environ.get(name)
+    yield
+    if before is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = before
 
 
 def tiny_cfg(vocab: int = 16, **train: object) -> Config:

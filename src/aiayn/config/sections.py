@@ -569,9 +569,9 @@ def check_decode_bounds(values: dict[str, Any], prefix: str = "decode") -> None:
         bounds = fields.get(name)
         if bounds is None or value is None or isinstance(value, bool):
             continue
-        if value < bounds.ge:
+        if bounds.ge is not None and value < bounds.ge:
             raise ConfigError(f"{prefix}.{name}: must be at least {bounds.ge}, got {value}")
-        if value > bounds.le:
+        if bounds.le is not None and value > bounds.le:
             raise ConfigError(f"{prefix}.{name}: must be at most {bounds.le}, got {value}")
 
 

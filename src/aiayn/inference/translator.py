@@ -269,7 +269,10 @@ class Translator:
         """Whether compiling the steps wins back its warm-up over ``lines`` more lines
         (None: unknown, a stream) on this device (:func:`aiayn.inference.compiled.compile_pays`),
         counting on a cheaper warm-up where an earlier run compiled this model's steps."""
-        return compile_pays(lines, self.parameters["parameters"], self.device, warm=self.compile_marker().is_file())
+        parameters = self.parameters["parameters"]
+        if not compile_pays(lines, parameters, self.device, warm=True):
+            return False  # too few lines even for a warm cache: no need to look for one
+        return compile_pays(lines, parameters, self.device, warm=self.compile_marker().is_file())
 
     def compile_marker(self) -> Path:
         """A file in the compile cache that says an earlier run compiled steps of this model
