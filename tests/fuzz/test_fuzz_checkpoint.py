@@ -217,6 +217,17 @@ def manifest_tests(fuzz, checkpoint: Path, tmp_path_factory):
     return fuzz(lambda m: check_manifest(checkpoint, tmp, m), manifest), fuzz(lambda y: check_config(tmp, y), yaml_text)
 
 
+def test_a_file_listed_twice_is_refused(checkpoint: Path, tmp_path: Path) -> None:
+    """Found by the long campaign: config.yaml listed with a wrong checksum and again with its
+    true one was accepted (the later line won)."""
+    target = shutil.copytree(checkpoint, tmp_path / "ck")
+    manifest = target / MANIFEST_FILE
+    real = manifest.read_text(encoding="utf-8")
+    manifest.write_text("0" * 64 + "  config.yaml\n" + real, encoding="utf-8")
+    with pytest.raises(AiaynError, match="'config.yaml' is listed twice"):
+        verify_checkpoint(target)
+
+
 def test_a_manifest_name_too_long_for_the_filesystem(checkpoint: Path, tmp_path: Path) -> None:
     # A name longer than the filesystem allows: Path.is_file() raises OSError (ENAMETOOLONG).
     target = shutil.copytree(checkpoint, tmp_path / "ck")

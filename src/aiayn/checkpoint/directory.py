@@ -145,6 +145,8 @@ def _read_manifest(path: Path, manifest: Path) -> dict[str, str]:
             raise CheckpointError(f"{manifest}:{lineno}: malformed line {line!r}")
         if not _inside(path, path / name):
             raise CheckpointError(f"{manifest}:{lineno}: {name!r} is outside the checkpoint directory")
+        if name in listed:  # two checksums for one file: one of them is wrong
+            raise CheckpointError(f"{manifest}:{lineno}: {name!r} is listed twice")
         listed[name] = digest
     return listed
 
