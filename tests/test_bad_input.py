@@ -23,10 +23,9 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from tests.tiny_world import sentences, two_checkpoints
 
 from aiayn.cli.main import main
-
-WORDS = "a man woman dog cat is riding walking on the street with red blue ball bike in park".split()
 
 
 class Case(NamedTuple):
@@ -162,32 +161,9 @@ MATRIX: list[Case] = [
 # ---------------------------------------------------------------------- fixtures
 
 
-def _sentences(n: int, seed: int) -> list[str]:
-    import random
-
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n)]
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from aiayn.checkpoint.directory import save_checkpoint
-    from aiayn.config import Config, DecodeConfig, model_preset
-    from aiayn.model import build_model
-    from aiayn.text.tokenizer import train_tokenizer
-
-    root = tmp_path_factory.mktemp("matrix_ck")
-    tok = train_tokenizer(_sentences(200, 1), _sentences(200, 2), root / "spm", vocab_size=60, joint=True,
-                          model_type="word")
-    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                                    max_positions=64),
-                 decode=DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3))
-    paths = []
-    for seed, name in ((0, "ck"), (1, "ck2")):
-        torch.manual_seed(seed)
-        paths.append(save_checkpoint(root / name, build_model(cfg.model).eval(), cfg, tokenizer=tok,
-                                     state={"step": seed + 1}))
-    return paths[0], paths[1]
+    return two_checkpoints(tmp_path_factory.mktemp("matrix_ck"))
 
 
 def _broken_checkpoint(src: Path, dst: Path, how: str) -> Path:
@@ -220,10 +196,10 @@ def _files(root: Path, ck: Path) -> dict[str, Path]:
         f[name] = root / f"{name}.txt"
         f[name].write_bytes(data)
 
-    good = _sentences(4, 5)
+    good = sentences(4, 5)
     text("good", ("\n".join(good) + "\n").encode())
-    text("ref", ("\n".join(_sentences(4, 6)) + "\n").encode())
-    text("ref4", ("\n".join(_sentences(4, 7)) + "\n").encode())
+    text("ref", ("\n".join(sentences(4, 6)) + "\n").encode())
+    text("ref4", ("\n".join(sentences(4, 7)) + "\n").encode())
     text("short", b"one line only\n")
     text("empty", b"")
     text("badutf8", b"a man\nthe \xff\xfe dog\n")

@@ -5,7 +5,7 @@ Each row runs ``aiayn ARGS`` in-process with the fault injected and asserts: the
 (1 for the machine's faults, 2 for a second writer), one error line with the distinctive part
 of its message, no traceback, the previous output byte-identical, and no temporary left
 beside it. A full disk is injected where the bytes are written (the safetensors writer,
-``numpy.save``, ``os.fsync``) by raising what the kernel gives (ENOSPC); a read-only file
+the staging files of a binarized split, ``os.fsync``) by raising what the kernel gives (ENOSPC); a read-only file
 system by raising EROFS where the first file or directory is created; a second writer is
 another process holding the output's lock; a hostile size is in a flag, a config file
 (a YAML alias bomb) or an imported config.json, and must be refused (exit 2) in a line of
@@ -28,22 +28,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-import torch
+from tests.tiny_world import sentences, two_checkpoints
 
 from aiayn import fileio
 from aiayn.cli.main import main
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-WORDS = "a man woman dog cat is riding walking on the street with red blue ball bike in park".split()
 ENOSPC_SAFETENSORS = ('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                       'message: "No space left on device" })')
-
-
-def _sentences(n: int, seed: int) -> list[str]:
-    import random
-
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n)]
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -52,26 +44,13 @@ def _sentences(n: int, seed: int) -> list[str]:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Inputs every row may use: two checkpoints, a trained run, text, a config, a MarianMT dir."""
-    from aiayn.checkpoint.directory import save_checkpoint
-    from aiayn.config import Config, DecodeConfig, model_preset
-    from aiayn.model import build_model
-    from aiayn.text.tokenizer import train_tokenizer
-
     root = tmp_path_factory.mktemp("faults")
-    tok = train_tokenizer(_sentences(200, 1), _sentences(200, 2), root / "spm", vocab_size=60, joint=True,
-                          model_type="word")
-    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                                    max_positions=64),
-                 decode=DecodeConfig(beam=2, max_len_a=1.0, max_len_b=3))
     w: dict[str, Path] = {}
-    for seed, name in ((0, "ck"), (1, "ck2")):
-        torch.manual_seed(seed)
-        w[name] = save_checkpoint(root / name, build_model(cfg.model).eval(), cfg, tokenizer=tok,
-                                  state={"step": seed + 1})
+    w["ck"], w["ck2"] = two_checkpoints(root)
     w["good"] = root / "good.txt"
-    w["good"].write_text("\n".join(_sentences(4, 5)) + "\n", encoding="utf-8")
+    w["good"].write_text("\n".join(sentences(4, 5)) + "\n", encoding="utf-8")
     w["ref"] = root / "ref.txt"
-    w["ref"].write_text("\n".join(_sentences(4, 6)) + "\n", encoding="utf-8")
+    w["ref"].write_text("\n".join(sentences(4, 6)) + "\n", encoding="utf-8")
     w["cfg"] = root / "tiny.yaml"
     w["cfg"].write_text("model: {d_model: 16, n_heads: 2, d_ff: 32, n_encoder_layers: 1, n_decoder_layers: 1}\n"
                         "data: {synthetic: copy, synthetic_train_size: 50}\ntrain: {max_steps: 1}\n",
@@ -154,14 +133,14 @@ def inject_disk_full_safetensors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(safetensors.torch, "serialize_file", serialize_file)
 
 
-def inject_disk_full_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """numpy.save fails (prepare's binarized splits)."""
-    import numpy
+def inject_disk_full_binarized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Appending an encoded chunk to a binarized split's staging files fails (prepare)."""
+    from aiayn.data import binarize
 
-    def save(file: object, *args: object, **kwargs: object) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+    def append(self: object, chunk: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.directory))  # type: ignore[attr-defined]
 
-    monkeypatch.setattr(numpy, "save", save)
+    monkeypatch.setattr(binarize._Staging, "append", append)
 
 
 def inject_disk_full_second_chunk(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -190,7 +169,7 @@ def inject_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
 class Case(NamedTuple):
     id: str
     args: str  # formatted with the world's paths and {out}, then split on spaces
-    fault: str  # disk-full-safetensors | disk-full-numpy | disk-full-chunk | read-only | second-writer | hostile
+    fault: str  # disk-full-safetensors | disk-full-binarized | disk-full-chunk | read-only | second-writer | hostile
     expect: str  # a regular expression the error line matches
     out: str = "dir"  # the previous output: "dir" (a directory with a file), "file", "run" (a trained run), "none"
     needs: str = ""  # a module the row needs
@@ -226,7 +205,7 @@ MATRIX: list[Case] = [
     Case("import/read-only", "import hf {marian} {out}", "read-only", READ_ONLY, "none", needs="transformers"),
     Case("import/second-writer", "import hf {marian} {out} --force", "second-writer", LOCKED, needs="transformers"),
     Case("prepare/disk-full", "prepare --synthetic copy --synthetic-train-size 50 --out {out} --force --quiet",
-         "disk-full-numpy", FULL + "the previous contents are unchanged"),
+         "disk-full-binarized", FULL + "the previous contents are unchanged"),
     Case("prepare/read-only", "prepare --synthetic copy --out {out}", "read-only", READ_ONLY, "none"),
     Case("prepare/second-writer", "prepare --synthetic copy --out {out} --force", "second-writer", "--out .*" + LOCKED),
     Case("parse/read-only", "parse --checkpoint {ck} --input {good} --output {out}", "read-only",
@@ -263,7 +242,7 @@ MATRIX: list[Case] = [
 
 INJECT: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     "disk-full-safetensors": inject_disk_full_safetensors,
-    "disk-full-numpy": inject_disk_full_numpy,
+    "disk-full-binarized": inject_disk_full_binarized,
     "disk-full-chunk": inject_disk_full_second_chunk,
     "read-only": inject_read_only,
 }

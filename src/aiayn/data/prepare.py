@@ -61,8 +61,8 @@ from aiayn.data.binarize import (
 )
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
-from aiayn.errors import AiaynError, ConfigError, DataError
-from aiayn.fileio import GZIP_MAGIC, atomic_dir, atomic_file, check_empty_dir, write_atomic
+from aiayn.errors import AiaynError, ConfigError, DataError, EnvironmentFailure
+from aiayn.fileio import GZIP_MAGIC, atomic_dir, atomic_file, check_empty_dir, environment_failure, write_atomic
 from aiayn.text.extend import add_source_controls, extend_tokenizer
 from aiayn.text.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, leading_tag, train_tokenizer
@@ -304,6 +304,7 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     sources = resolve_sources(cfg, progress)
     old = _old_summary(out)
     work = partial_dir(out)
+    existed = out.exists()
     timings: dict[str, float] = {}
     reused: dict[str, bool] = {}
     try:
@@ -327,6 +328,12 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
                 shutil.copyfile(path, tmp / name)
             summary["time_s"]["total"] = round(time.perf_counter() - t0, 3)
             (tmp / SUMMARY).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    except EnvironmentFailure as exc:
+        # A full disk while encoding: the work folder goes too (it is what filled the disk),
+        # and the message speaks of the output, as for any other file of the command.
+        shutil.rmtree(work, ignore_errors=True)
+        kept = "the previous contents are unchanged" if existed else "nothing was left there"
+        raise environment_failure(exc, out, kept, within=work) or exc from None
     except AiaynError:
         # Bad input or settings: what was done is of no use once they are fixed.
         shutil.rmtree(work, ignore_errors=True)
