@@ -13,7 +13,6 @@ bad file built by :func:`_files` (``{empty}``, ``{badutf8}``, ``{nul}``, ``{huge
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import re
@@ -23,7 +22,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from tests.tiny_world import sentences, two_checkpoints
+from tests.tiny_world import sentences, snapshot, two_checkpoints
 
 from aiayn.cli.main import main
 
@@ -230,16 +229,6 @@ def _files(root: Path, ck: Path) -> dict[str, Path]:
     return f
 
 
-def _snapshot(root: Path) -> dict[str, str]:
-    """Path -> sha256 of every file under ``root`` (and the set of paths itself)."""
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            p = Path(dirpath) / name
-            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory, checkpoints: tuple[Path, Path]) -> tuple[Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("matrix_in")
@@ -262,7 +251,7 @@ def test_bad_input(case: Case, checkpoints: tuple[Path, Path], inputs: tuple[Pat
     names.update(ck=str(checkpoints[0]), ck2=str(checkpoints[1]), out=str(tmp_path / "out"))
     argv = case.args.format(**names).split()
     watched = [root, checkpoints[0].parent]
-    before = [_snapshot(r) for r in watched]
+    before = [snapshot(r) for r in watched]
     with pytest.raises(SystemExit) as exc:
         main(argv)
     captured = capsys.readouterr()
@@ -276,7 +265,7 @@ def test_bad_input(case: Case, checkpoints: tuple[Path, Path], inputs: tuple[Pat
     if os.environ.get("AIAYN_BAD_INPUT_MESSAGES"):  # docs/bad-input.md's examples come from here
         with open(os.environ["AIAYN_BAD_INPUT_MESSAGES"], "a", encoding="utf-8") as f:
             f.write(f"{case.id}\t{message}\n")
-    assert [_snapshot(r) for r in watched] == before, "an input changed"
+    assert [snapshot(r) for r in watched] == before, "an input changed"
     assert not (tmp_path / "out").exists(), "an output was left behind"
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "stray files in the working directory"
 

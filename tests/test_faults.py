@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from tests.tiny_world import sentences, two_checkpoints
+from tests.tiny_world import sentences, snapshot, two_checkpoints
 
 from aiayn import fileio
 from aiayn.cli.main import main
@@ -86,16 +85,6 @@ def _has(module: str) -> bool:
     except ImportError:
         return False
     return True
-
-
-def _snapshot(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 of every file under ``root``."""
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            p = Path(dirpath) / name
-            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 @contextmanager
@@ -261,9 +250,9 @@ def _previous_output(kind: str, out: Path, world: dict[str, Path]) -> None:
 def _state(out: Path, kind: str) -> object:
     """What must be unchanged: the whole previous output (a run: its checkpoints)."""
     if kind == "run":
-        return _snapshot(out / "checkpoints")
+        return snapshot(out / "checkpoints")
     if kind == "dir":
-        return _snapshot(out)
+        return snapshot(out)
     if kind == "file":
         return out.read_bytes()
     return out.exists()
@@ -282,7 +271,7 @@ def test_fault(case: Case, world: dict[str, Path], tmp_path: Path, capsys: pytes
     out = work / "out"
     _previous_output(case.out, out, world)
     before = _state(out, case.out)
-    inputs_before = _snapshot(world["ck"].parent)
+    inputs_before = snapshot(world["ck"].parent)
     argv = case.args.format(out=out, **{k: str(v) for k, v in world.items()}).split()
     with contextlib.ExitStack() as stack:
         if case.fault == "second-writer":
@@ -299,7 +288,7 @@ def test_fault(case: Case, world: dict[str, Path], tmp_path: Path, capsys: pytes
     assert exc.value.code == (2 if case.fault in ("second-writer", "hostile") else 1), captured.err
     assert re.search(case.expect, errors[0]), errors[0]
     assert _state(out, case.out) == before, "the previous output changed"
-    assert _snapshot(world["ck"].parent) == inputs_before, "an input changed"
+    assert snapshot(world["ck"].parent) == inputs_before, "an input changed"
     left = sorted(p.name for p in work.iterdir())
     expected = {"dir": ["out"], "run": ["out"], "none": [],
                 "file": ["out", "out.partial", "out.partial.json"] if case.id == "translate/disk-full" else ["out"]}
@@ -341,14 +330,14 @@ def test_export_refuses_to_replace_the_checkpoints_a_run_directory_names(world: 
     """``export hf --force RUN RUN/checkpoints`` would replace the checkpoint RUN stands for."""
     pytest.importorskip("transformers", reason="the 'interop' extra is not installed")
     run = shutil.copytree(world["run"], tmp_path / "run")
-    before = _snapshot(run)
+    before = snapshot(run)
     for target in (run / "checkpoints", run):
         with pytest.raises(SystemExit) as exc:
             main(["export", "hf", str(run), str(target), "--force"])
         assert exc.value.code == 2
         err = capsys.readouterr().err.strip()
         assert f"would replace the input {run}" in err, err
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_a_symlink_to_a_checkpoint_is_what_it_names(world: dict[str, Path], tmp_path: Path,
@@ -356,24 +345,24 @@ def test_a_symlink_to_a_checkpoint_is_what_it_names(world: dict[str, Path], tmp_
     run = shutil.copytree(world["run"], tmp_path / "run")
     link = tmp_path / "link"
     link.symlink_to(run / "checkpoints" / "step_000001")
-    before = _snapshot(run)
+    before = snapshot(run)
     with pytest.raises(SystemExit) as exc:
         main(["average", str(link), str(world["ck"]), "--out", str(run / "checkpoints"), "--force"])
     assert exc.value.code == 2
     assert "would replace the input" in capsys.readouterr().err
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_the_last_pointer_is_what_it_names(world: dict[str, Path], tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     run = shutil.copytree(world["run"], tmp_path / "run")
-    before = _snapshot(run)
+    before = snapshot(run)
     with pytest.raises(SystemExit) as exc:
         main(["average", str(run / "checkpoints" / "last"), str(world["ck"]), "--out", str(run / "checkpoints"),
               "--force"])
     assert exc.value.code == 2
     assert "would replace the input" in capsys.readouterr().err
-    assert _snapshot(run) == before
+    assert snapshot(run) == before
 
 
 def test_temporaries_of_a_killed_run_are_removed_by_the_next(world: dict[str, Path], tmp_path: Path,
@@ -404,9 +393,9 @@ def test_a_checkpoint_half_deleted_by_a_kill_is_removed_by_the_next_run(
     checkpoints = run / "checkpoints"
     half = shutil.copytree(checkpoints / "step_000001", checkpoints / "step_000000")
     (half / deleted).unlink()
-    before = _snapshot(checkpoints / "step_000001")
+    before = snapshot(checkpoints / "step_000001")
     assert CheckpointManager(run).remove_half_deleted() == [half]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["best", "last", "step_000001"]
-    assert _snapshot(checkpoints / "step_000001") == before
+    assert snapshot(checkpoints / "step_000001") == before
     assert "a checkpoint whose deletion was interrupted" in caplog.text
     assert CheckpointManager(run).remove_half_deleted() == []  # a complete run is left alone

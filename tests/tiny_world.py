@@ -1,8 +1,11 @@
-"""What the bad-input and fault matrices run against: sentences of a small vocabulary and two
-tiny checkpoints (different seeds) with a word tokenizer trained on them."""
+"""What the bad-input and fault matrices run against: sentences of a small vocabulary, two
+tiny checkpoints (different seeds) with a word tokenizer trained on them, and snapshots of
+the files a row must leave untouched."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import random
 from pathlib import Path
 
@@ -35,3 +38,14 @@ def two_checkpoints(root: Path) -> tuple[Path, Path]:
         paths.append(save_checkpoint(root / name, build_model(cfg.model).eval(), cfg, tokenizer=tok,
                                      state={"step": seed + 1}))
     return paths[0], paths[1]
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under ``root``: equal snapshots mean nothing
+    under it was added, removed or changed."""
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            p = Path(dirpath) / name
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
