@@ -12,10 +12,11 @@ from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
 from aiayn.config import Config, DataConfig, ModelConfig
 from aiayn.data.prepare import load_tokenizer, prepare_data
 from aiayn.errors import ConfigError
+from aiayn.inference.shortlist import ShortlistDecoder
 from aiayn.inference.translator import Translator
 from aiayn.model import build_model
 from aiayn.text.shortlist import Shortlist, build_shortlist
-from aiayn.text.tokenizer import EOS_ID, UNK_ID
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, UNK_ID
 
 SRC = ["a small dog runs", "the red house", "two men play football in the park", "hello there",
        "a red dog", "the small house", "two dogs play", "men run in the park"] * 6
@@ -92,6 +93,25 @@ def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, dtype):
         short = tr.translate_detailed(texts, nbest=beam, beam=beam, max_len_b=8, shortlist=True)
         assert [[(h.tokens, h.score) for h in r.hypotheses] for r in full] == [
             [(h.tokens, h.score) for h in r.hypotheses] for r in short]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
+def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype):
+    """The saving: the step's projection has as many columns as the list, in every dtype."""
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok), tok, Config(), dtype=dtype)
+    rows = tok.shortlist.rows(tok.encode_src(SRC[0]))
+    decoder = ShortlistDecoder(tr.decoder, rows, tok.tgt_vocab_size)
+    src = torch.tensor([tok.encode_src(SRC[0])])
+    bos = torch.tensor([BOS_ID])
+    with torch.no_grad():
+        full, _ = tr.decoder.step(bos, tr.decoder.init_state(src, 4))
+        short, _ = decoder.step(bos, decoder.init_state(src, 4))
+    kept = torch.isfinite(short[0]).nonzero()[:, 0]
+    assert kept.tolist() == rows.tolist()
+    # The same scores as the full projection's on those rows (int8: per-row quantization).
+    assert torch.equal(short[0, rows], full[0, rows].to(short.dtype))
+    assert (decoder._int8 if dtype == "int8" else decoder._weight) is not None
 
 
 def test_the_search_only_emits_the_batch_shortlist(prepared):

@@ -2,11 +2,14 @@
 
 :class:`ShortlistDecoder` wraps a batch's decoder: each step scores only ``rows`` (the
 batch's shortlist), every other piece gets a score of -inf, so the search never emits it.
-On a single model with the float projection (:class:`~aiayn.inference.optimize.TransposedProjection`)
-the projection itself runs over those rows only -- the saving: a (R, D) x (D, K) product
-instead of (D, V) -- and the few hundred or thousand scores are scattered into a -inf row of
-the full vocabulary. Elsewhere (int8 projection, ensembles, compiled steps) the full step
-runs and is masked: the same outputs, no saving.
+On a single model the projection itself runs over those rows only -- the saving: a
+(R, D) x (D, K) product instead of (D, V) -- and the few hundred or thousand scores are
+scattered into a -inf row of the full vocabulary. With the float projection
+(:class:`~aiayn.inference.optimize.TransposedProjection`) its columns are selected; with the
+int8 one (:class:`~aiayn.inference.quantize.Int8Linear`) the batch's rows of the float weight
+are quantized into a small int8 layer of their own, which gives the same scores as the full
+layer (the quantization is per row). Elsewhere (ensembles, compiled steps) the full step runs
+and is masked: the same outputs, no saving.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from torch import Tensor
 
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.optimize import TransposedProjection
+from aiayn.inference.quantize import Int8Linear
 
 
 class ShortlistDecoder:
@@ -32,10 +36,15 @@ class ShortlistDecoder:
         self.vocab_size = vocab_size
         self._weight: Tensor | None = None
         self._bias: Tensor | None = None
+        self._int8: Int8Linear | None = None
         project = getattr(inner, "project", None)
         if type(inner) is IncrementalDecoder and isinstance(project, TransposedProjection):
             self._weight = project.weight_t.index_select(1, rows).contiguous()  # (D, K)
             self._bias = None if project.bias is None else project.bias.index_select(0, rows)
+        elif type(inner) is IncrementalDecoder and isinstance(project, Int8Linear):
+            model = inner.model  # its output weight stays float in the int8 copy
+            bias = None if model.output_bias is None else model.output_bias.index_select(0, rows)
+            self._int8 = Int8Linear(model.output_weight.index_select(0, rows), bias, kernel=project.kernel)
 
     def init_state(self, src: Tensor, max_steps: int) -> Any:
         return self.inner.init_state(src, max_steps)
@@ -44,13 +53,16 @@ class ShortlistDecoder:
         return self.inner.reorder(state, index, same_sources=same_sources)
 
     def step(self, tokens: Tensor, state: Any, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
-        if self._weight is not None:
+        if self._weight is not None or self._int8 is not None:
             inner = self.inner
             with inner._precision(tokens.device):
                 h, attn = inner.model.decode_step(tokens, state, need_attn, project=False)
-                scores = torch.mm(h, self._weight)
-                if self._bias is not None:
-                    scores = scores.add_(self._bias)
+                if self._int8 is not None:
+                    scores = self._int8(h)
+                else:
+                    scores = torch.mm(h, self._weight)
+                    if self._bias is not None:
+                        scores = scores.add_(self._bias)
         else:
             full, attn = self.inner.step(tokens, state, need_attn)
             scores = full.index_select(1, self.rows)
