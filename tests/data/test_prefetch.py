@@ -209,3 +209,21 @@ def test_prefetch_batches_field() -> None:
     DataConfig(prefetch_batches=0).validate()
     with pytest.raises(ConfigError, match=r"^data\.prefetch_batches: must be 0"):
         Config(data=DataConfig(prefetch_batches=-2)).validate()
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_with_pinning_every_batch_is_pinned_before_the_loop_gets_it(data: ListDataset, monkeypatch,
+                                                                    prefetch: int) -> None:
+    pinned_by: dict[int, str] = {}
+
+    def fake_pin(batch: Batch, device: torch.device) -> Batch:  # page-locking needs CUDA
+        assert device == torch.device("cuda", 0)
+        pinned_by[id(batch.ids)] = threading.current_thread().name
+        return batch
+
+    monkeypatch.setattr("aiayn.data.batching.pinned", fake_pin)
+    cuda = host_transfer("cuda:0", prefetch)
+    got = list(BatchIterator(data, 250, seed=7, transfer=cuda))
+    _assert_same(got, list(_iterator(data, 0)))
+    threads = {pinned_by[id(b.ids)] for b in got}
+    assert threads == {"aiayn-prefetch" if prefetch else "MainThread"}

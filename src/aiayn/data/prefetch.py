@@ -16,8 +16,10 @@ choices from the device, here only.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -72,6 +74,16 @@ def pinned(batch: Any, device: torch.device) -> Any:
 
 _ITEM, _END, _ERROR = range(3)
 
+# Prefetchers whose thread may still run: closed at interpreter exit, so that no thread is
+# left copying into pinned memory while CUDA shuts down.
+_open: weakref.WeakSet[Prefetcher[Any]] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_prefetchers() -> None:
+    for prefetcher in list(_open):
+        prefetcher.close()
+
 
 class Prefetcher(Generic[T]):
     """Iterates ``source`` in a daemon thread, at most ``depth`` items ahead of the consumer.
@@ -80,7 +92,8 @@ class Prefetcher(Generic[T]):
     same order. An exception raised by ``source`` is raised again, the same object (message
     and traceback), by the consumer's ``next()`` at the place of the item it replaced.
     :meth:`close` (also on leaving a ``with`` block) stops the thread early; the items it
-    prepared are dropped.
+    prepared are dropped. One never closed stops at interpreter exit; its thread is a daemon
+    thread, which never holds up the exit.
     """
 
     def __init__(self, source: Iterable[T], depth: int, name: str = "aiayn-prefetch") -> None:
@@ -91,6 +104,7 @@ class Prefetcher(Generic[T]):
         self._stop = threading.Event()
         self._finished = False  # the end or an error was handed out
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        _open.add(self)
         self._thread.start()
 
     def _work(self) -> None:
@@ -151,6 +165,7 @@ class Prefetcher(Generic[T]):
                 break
         if self._thread is not threading.current_thread():
             self._thread.join(CLOSE_TIMEOUT)
+        _open.discard(self)
 
     def __enter__(self) -> Prefetcher[T]:
         return self
