@@ -79,3 +79,10 @@ def test_each_batch_is_copied_as_the_transfer_says(make_cfg, make_task, monkeypa
     trainer.transfer = HostTransfer(torch.device("cpu"), pin_memory=False, non_blocking=True, prefetch=0)
     trainer.train_step(trainer.groups.next())
     assert copies == [(torch.device("cpu"), True)]
+
+
+def test_the_loop_says_how_batches_are_prepared(make_cfg, make_task, caplog):
+    trainer = _trainer(_prefetching(make_cfg(max_steps=1), 2), None, make_task(n=16))
+    with caplog.at_level("INFO", logger="aiayn.training.trainer"):
+        trainer.train()
+    assert "batches: in host memory, 2 prepared ahead by a thread (data.prefetch_batches)" in caplog.text

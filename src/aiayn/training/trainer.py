@@ -286,6 +286,10 @@ class Trainer:
                      f"{sum(p.numel() for p in self.params):,}", self.device,
                      amp.dtype_label(self.train_cfg.dtype, self.dtype), self.dist.world_size,
                      self.train_cfg.update_freq, self.state.step)
+            if self.transfer.pin_memory or self.transfer.prefetch:
+                log.info("batches: %s, %d prepared ahead by a thread (data.prefetch_batches)",
+                         "pinned, copied without blocking" if self.transfer.non_blocking else "in host memory",
+                         self.transfer.prefetch)
             if self.stopping.patience and not has_valid:
                 log.warning("train.patience: no validation set, so no early stopping")
         try:
