@@ -264,9 +264,16 @@ class DataConfig:
     # Unigram models: the draw is among the nbest most likely segmentations (2..512, the
     # range SentencePiece's n-best list allows). BPE-dropout has no such list and ignores it.
     subword_nbest: int = 64
+    # Training batches a background thread gathers, collates and pins ahead of the loop
+    # (aiayn.data.prefetch): the same batches in the same order, resumed exactly. None: by
+    # device, 2 on CUDA, 0 (no thread) on a CPU, where it would take a core from the model.
+    prefetch_batches: int | None = None
 
     def validate(self, prefix: str = "data") -> None:
         _check_finite(self, prefix)
+        if self.prefetch_batches is not None and self.prefetch_batches < 0:
+            raise ConfigError(f"{prefix}.prefetch_batches: must be 0 (no prefetching), a number of batches, "
+                              f"or null (by device), got {self.prefetch_batches}")
         if self.vocab_size < 8:
             raise ConfigError(f"{prefix}.vocab_size: must be at least 8, got {self.vocab_size}")
         self._validate_extension(prefix)

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from aiayn.data.prefetch import HostTransfer, Prefetcher, pinned
 from aiayn.errors import DataError
 from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID
 
@@ -295,10 +296,17 @@ class BatchIterator:
     starts the next epoch. :meth:`state_dict` after receiving *k* batches gives
     ``offset = k``; a fresh iterator given that state yields exactly the batches that would
     have come next.
+
+    ``transfer`` (:func:`~aiayn.data.prefetch.host_transfer`; None: neither) has the batches
+    pinned for a CUDA device and prepared ahead by a background thread: the same batches in
+    the same order, and ``offset`` still counts the batches received, not those prepared.
+    :meth:`close` stops that thread (so do :meth:`load_state_dict` and closing the ``for``
+    loop's generator).
     """
 
     def __init__(self, dataset: SizedPairs, max_tokens: int, seed: int = 1, shuffle: bool = True,
-                 num_shards: int = 1, shard_id: int = 0, mode: str = "padded") -> None:
+                 num_shards: int = 1, shard_id: int = 0, mode: str = "padded",
+                 transfer: HostTransfer | None = None) -> None:
         if max_tokens < 1:
             raise DataError(f"max_tokens must be at least 1, got {max_tokens}")
         if mode not in BATCH_MODES:
@@ -322,6 +330,8 @@ class BatchIterator:
         self._epoch_sizes: Callable[[int], tuple[np.ndarray, np.ndarray]] | None = getattr(dataset, "epoch_sizes", None)
         self._layout = self._lay_out(dataset.src_sizes, dataset.tgt_sizes) if self._epoch_sizes is None else None
         self._cache: tuple[int, list[np.ndarray]] | None = None
+        self.transfer = transfer
+        self._prefetcher: Prefetcher[Batch] | None = None  # the latest pass's, while it runs
 
     def _lay_out(self, src_sizes: np.ndarray, tgt_sizes: np.ndarray) -> tuple[np.ndarray, list[int]]:
         """The sort key (a length rank per sentence) and this shard's batch boundaries over
@@ -394,15 +404,43 @@ class BatchIterator:
         return len(self.epoch_batches())
 
     def __iter__(self) -> Iterator[Batch]:
-        batches = self.epoch_batches(self.epoch)
-        while self.offset < len(batches):
-            idx = batches[self.offset]
-            # Count before yielding: a state_dict() taken while this batch is in use says
-            # it has been consumed, so a resume continues with the next one.
-            self.offset += 1
-            yield self.make_batch(idx)
+        epoch, start = self.epoch, self.offset
+        batches = self.epoch_batches(epoch)
+        made = (self._host_batch(idx, epoch) for idx in batches[start:])
+        depth = self.transfer.prefetch if self.transfer is not None else 0
+        prefetcher = Prefetcher(made, depth) if depth and start < len(batches) else None
+        self._prefetcher = prefetcher
+        try:
+            for batch in prefetcher if prefetcher is not None else made:
+                # Count before yielding: a state_dict() taken while this batch is in use says
+                # it has been consumed, so a resume continues with the next one. Batches the
+                # prefetching thread has made beyond it are not counted.
+                self.offset += 1
+                yield batch
+        finally:
+            if prefetcher is not None:
+                prefetcher.close()
+                if self._prefetcher is prefetcher:
+                    self._prefetcher = None
+            else:
+                made.close()
         self.epoch += 1
         self.offset = 0
+
+    def _host_batch(self, indices: np.ndarray, epoch: int) -> Batch:
+        """The batch of ``indices`` in ``epoch`` as the loop receives it (pinned, for CUDA)."""
+        batch = self.make_batch(indices, epoch)
+        if self.transfer is not None and self.transfer.pin_memory:
+            batch = pinned(batch, self.transfer.device)
+        return batch
+
+    def close(self) -> None:
+        """Stop the prefetching thread of the pass in progress, if any; its batches made
+        ahead are dropped (the position is unchanged). Continuing that pass is an error:
+        start a new one."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def make_batch(self, indices: np.ndarray, epoch: int | None = None) -> Batch:
         """The batch of sentences ``indices`` as in ``epoch`` (default: the current one)."""
@@ -423,6 +461,7 @@ class BatchIterator:
         return {"epoch": int(self.epoch), "offset": int(self.offset)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.close()  # batches made ahead belong to the old position
         epoch, offset = int(state["epoch"]), int(state["offset"])
         n = len(self.epoch_batches(epoch)) if epoch >= 1 else 0
         if epoch < 1 or not 0 <= offset <= n:

@@ -24,7 +24,15 @@ class UpdateGroups:
 
     def restart(self) -> None:
         """Continue from the iterator's position as it is now (after a resume set it)."""
-        self._epoch_iter = None
+        self.close()
+
+    def close(self) -> None:
+        """End the pass over the epoch in progress (and a prefetching thread it has); the
+        next group starts a new one at the iterator's position, which is unchanged."""
+        epoch_iter, self._epoch_iter = self._epoch_iter, None
+        close = getattr(epoch_iter, "close", None)
+        if close is not None:
+            close()
 
     def next(self) -> list[Any]:
         group: list[Any] = []

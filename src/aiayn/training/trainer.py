@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 from aiayn.checkpoint.manager import CheckpointManager
 from aiayn.checkpoint.training_state import capture_rng_state
 from aiayn.config import Config, TrainConfig, to_dict
+from aiayn.data.prefetch import host_transfer
 from aiayn.runtime import resolve_train_dtype, torch_dtype
 from aiayn.training import amp, resume
 from aiayn.training.distributed import DistInfo, all_gather_json, all_reduce_sum
@@ -98,6 +99,11 @@ class Trainer:
     :func:`~aiayn.training.optim.build_optimizer`'s, ``stopping`` to the config's limits,
     ``scaler`` to :func:`~aiayn.training.amp.grad_scaler`'s (enabled for fp16 only; an
     enabled one runs the scaled update on any device); ``bleu`` adds validation BLEU.
+
+    How batches reach the device is :func:`~aiayn.data.prefetch.host_transfer`'s choice for
+    it and ``data.prefetch_batches``: a training iterator with a ``transfer`` attribute is
+    given it (pinned batches and a prefetching thread on CUDA), and every batch is copied
+    with its ``non_blocking``.
     """
 
     def __init__(self, cfg: Config, model: Transformer, run_dir: str | Path | None = None, *,
@@ -112,6 +118,9 @@ class Trainer:
         # Entries the run adds to train_summary.json (e.g. how init_from's vocabulary mapped).
         self.summary_extra: dict[str, Any] = {}
         self.train_batches = train_batches
+        self.transfer = host_transfer(self.device, cfg.data.prefetch_batches)
+        if train_batches is not None and hasattr(train_batches, "transfer"):
+            train_batches.transfer = self.transfer
         self.tokenizer = tokenizer
         # The precision in effect: train.dtype with "auto" resolved for this device.
         self.dtype = resolve_train_dtype(self.train_cfg.dtype, self.device)
@@ -150,7 +159,7 @@ class Trainer:
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
         self.model.train()
-        batches = [b.to(self.device) for b in batches]
+        batches = [self.transfer.to_device(b) for b in batches]
         local_tokens = sum(int(b.n_tgt_tokens) for b in batches)
         local_sents = sum(int(b.src.size(0)) for b in batches)
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
@@ -277,6 +286,10 @@ class Trainer:
                      f"{sum(p.numel() for p in self.params):,}", self.device,
                      amp.dtype_label(self.train_cfg.dtype, self.dtype), self.dist.world_size,
                      self.train_cfg.update_freq, self.state.step)
+            if self.transfer.pin_memory or self.transfer.prefetch:
+                log.info("batches: %s, %d prepared ahead by a thread (data.prefetch_batches)",
+                         "pinned, copied without blocking" if self.transfer.non_blocking else "in host memory",
+                         self.transfer.prefetch)
             if self.stopping.patience and not has_valid:
                 log.warning("train.patience: no validation set, so no early stopping")
         try:
@@ -288,6 +301,7 @@ class Trainer:
                 return self._finish(stop_reason)  # raises TrainingError
             self._end_of_data(run)
         finally:
+            self.groups.close()  # no prefetching thread outlives the loop
             if run.bar is not None:
                 run.bar.close()
             self.metrics.close()
