@@ -122,7 +122,8 @@ def test_the_ensemble_teaches_one_student_timed_against_it(tmp_path: Path) -> No
         f"--out {t}/data-bin.distill",
         student,
         f"average {t}/run/student --last 5 --out {t}/run/student/averaged --force",
-        f"translate --checkpoint {teachers} --input {t}/data-bin/test.src.txt --output {t}/run/distill/test.ensemble.hyp.de",
+        f"translate --checkpoint {teachers} --input {t}/data-bin/test.src.txt "
+        f"--output {t}/run/distill/test.ensemble.hyp.de",
         f"translate --checkpoint {t}/run/student/averaged --input {t}/data-bin/test.src.txt "
         f"--output {t}/run/student/test.hyp.de",
         f"evaluate --hyp {t}/run/student/test.hyp.de --ref {t}/data-bin/test.tgt.txt",
