@@ -63,13 +63,18 @@ TRAIN_HYP=$WORK/train.hyp.$TGT
 
 # The teacher: what scripts/multi30k.sh left (a member's run directory as it names them).
 member_dir() { if [ "$MEMBERS" = 1 ]; then echo "$RUN"; else echo "$RUN/member$1"; fi; }
-[ -f "$PREPARED/summary.json" ] || fail "$PREPARED: not a prepared directory; run scripts/multi30k.sh first (same PREPARED)"
+[ -f "$PREPARED/summary.json" ] \
+    || fail "$PREPARED: not a prepared directory; run scripts/multi30k.sh first (same PREPARED)"
 TEACHERS=()
 for k in $(seq 1 "$MEMBERS"); do
-    [ -d "$(member_dir "$k")/averaged" ] || fail "no $(member_dir "$k")/averaged: run scripts/multi30k.sh to its end first (same RUN and MEMBERS)"
+    [ -d "$(member_dir "$k")/averaged" ] \
+        || fail "no $(member_dir "$k")/averaged: run scripts/multi30k.sh to its end first (same RUN and MEMBERS)"
     TEACHERS+=("$(member_dir "$k")/averaged")
 done
-[ -f "$RUN/test.score.json" ] || fail "no $RUN/test.score.json: run scripts/multi30k.sh to its end first (same RUN)"
+# The BLEU of an `aiayn evaluate --json` file (one "key": value line each).
+bleu() { [ ! -f "$1" ] || sed -n 's/^ *"bleu": *\([0-9.]*\).*/\1/p' "$1" | head -n 1; }
+ENSEMBLE_BLEU=$(bleu "$RUN/test.score.json")
+[ -n "$ENSEMBLE_BLEU" ] || fail "no $RUN/test.score.json with a BLEU: run scripts/multi30k.sh to its end first (same RUN)"
 ENSEMBLE=()
 [ "$MEMBERS" = 1 ] || ENSEMBLE=(--ensemble)
 
@@ -119,9 +124,14 @@ $AIAYN train --config "$CONFIG" --run-dir "$STUDENT_RUN" "${STUDENT_OVERRIDES[@]
 echo "== average the last $AVERAGE checkpoints of $STUDENT_RUN"
 $AIAYN average "$STUDENT_RUN" --last "$AVERAGE" --out "$STUDENT_RUN/averaged" --force
 
-# Wall seconds of a command, printed once it has run.
+# The wall seconds of a command, printed once it has run (its own output goes to stderr).
 now() { date +%s.%N; }
-timed() { local start; start=$(now); "$@" || return; awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+timed() {
+    local start
+    start=$(now)
+    "$@" >&2 || return
+    awk -v a="$start" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'
+}
 
 echo "== translate test_2016_flickr with the ensemble and with the student, each timed"
 ENSEMBLE_S=$(timed $AIAYN translate --checkpoint "${TEACHERS[@]}" "${ENSEMBLE[@]}" \
@@ -130,11 +140,12 @@ STUDENT_S=$(timed $AIAYN translate --checkpoint "$STUDENT_RUN/averaged" \
     --input "$PREPARED/test.src.txt" --output "$STUDENT_RUN/test.hyp.$TGT")
 
 echo "== score the student (sacreBLEU)"
-$AIAYN evaluate --hyp "$STUDENT_RUN/test.hyp.$TGT" --ref "$PREPARED/test.tgt.txt" | tee "$STUDENT_RUN/test.score.txt"
-$AIAYN evaluate --hyp "$STUDENT_RUN/test.hyp.$TGT" --ref "$PREPARED/test.tgt.txt" --json > "$STUDENT_RUN/test.score.json"
+$AIAYN evaluate --hyp "$STUDENT_RUN/test.hyp.$TGT" --ref "$PREPARED/test.tgt.txt" \
+    | tee "$STUDENT_RUN/test.score.txt"
+$AIAYN evaluate --hyp "$STUDENT_RUN/test.hyp.$TGT" --ref "$PREPARED/test.tgt.txt" --json \
+    > "$STUDENT_RUN/test.score.json"
 
-bleu() { sed -n 's/^ *"bleu": *\([0-9.]*\).*/\1/p' "$1" | head -n 1; }
-awk -v student="$(bleu "$STUDENT_RUN/test.score.json")" -v ensemble="$(bleu "$RUN/test.score.json")" \
+awk -v student="$(bleu "$STUDENT_RUN/test.score.json")" -v ensemble="$ENSEMBLE_BLEU" \
     -v student_s="$STUDENT_S" -v ensemble_s="$ENSEMBLE_S" -v members="${#TEACHERS[@]}" -v mix="$MIX" 'BEGIN {
     printf "{\n  \"bleu_student\": %s,\n  \"bleu_ensemble\": %s,\n", student, ensemble
     printf "  \"decode_s_student\": %s,\n  \"decode_s_ensemble\": %s,\n", student_s, ensemble_s

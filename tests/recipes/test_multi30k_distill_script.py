@@ -84,7 +84,8 @@ def test_bad_settings_stop_with_one_line(tmp_path: Path, name: str, value: str, 
     ("data-bin/summary.json", "{t}/data-bin: not a prepared directory; run scripts/multi30k.sh first (same PREPARED)"),
     ("run/member2/averaged", "no {t}/run/member2/averaged: run scripts/multi30k.sh to its end first "
                              "(same RUN and MEMBERS)"),
-    ("run/test.score.json", "no {t}/run/test.score.json: run scripts/multi30k.sh to its end first (same RUN)"),
+    ("run/test.score.json", "no {t}/run/test.score.json with a BLEU: run scripts/multi30k.sh to its end first "
+                            "(same RUN)"),
     ("mirror/multi30k/train.en.gz", "no multi30k/train.en.gz in the mirror {t}/mirror or the download cache "
                                     "{t}/cache: set DATA_DIR"),
 ])
@@ -96,6 +97,17 @@ def test_an_unfinished_teacher_run_stops_with_one_line(tmp_path: Path, missing: 
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["multi30k_distill.sh: " + message.format(t=tmp_path)]
     assert _calls(tmp_path) == [] and not (tmp_path / "run" / "distill").exists()
+
+
+def test_a_score_file_without_a_bleu_stops_with_one_line(tmp_path: Path) -> None:
+    env = _teacher(tmp_path)
+    (tmp_path / "run" / "test.score.json").write_text('{\n "chrf": 40.0\n}\n')
+    proc = _script(tmp_path, **env)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"multi30k_distill.sh: no {tmp_path}/run/test.score.json with a BLEU: run scripts/multi30k.sh to its end "
+        "first (same RUN)"]
+    assert _calls(tmp_path) == []
 
 
 def test_the_training_text_may_come_from_the_download_cache(tmp_path: Path) -> None:
