@@ -9,7 +9,7 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k wmt14 clean install docs mutation mutation-check
+.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k multi30k-distill wmt14 clean install docs mutation mutation-check
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
@@ -97,6 +97,11 @@ docs: $(VENV)/.installed-docs
 
 multi30k: $(VENV)/.installed
 	bash scripts/multi30k.sh
+
+# After `make multi30k`: its ensemble translates the training set and one student learns from
+# it (sequence-level distillation); the variables of scripts/multi30k_distill.sh pass through.
+multi30k-distill: $(VENV)/.installed
+	bash scripts/multi30k_distill.sh
 
 # The paper's WMT14 run: `make wmt14` (EN-DE base), `make wmt14 MODEL=big`,
 # `make wmt14 MODEL=big PAIR=en-fr`; the variables of scripts/wmt14.sh pass through.
