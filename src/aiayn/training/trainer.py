@@ -63,8 +63,10 @@ from aiayn.training.progress import (
 )
 from aiayn.training.schedule import make_schedule
 from aiayn.training.state import TrainerState
+from aiayn.training.static_shapes import StaticShapes, compiled_forward, step_begins
 from aiayn.training.stopping import StoppingRules, StopSignals, TrainingError
 from aiayn.training.validation import BleuFn, Validator, record_validation
+from aiayn.training.weight_cast import cast_once_pays, cast_weights_once
 
 if TYPE_CHECKING:
     from aiayn.model import Transformer
@@ -118,6 +120,9 @@ class Trainer:
         self.amp_dtype = torch_dtype(self.dtype)  # None: no autocast
         amp.check_fp16_device(self.dtype, self.device)
         self.model = model.to(self.device)
+        compile_mode = self.train_cfg.compile_mode if self.train_cfg.compile else None
+        if cast_once_pays(self.device, self.amp_dtype, compiled=compile_mode is not None):
+            cast_weights_once(self.model)
         self.optimizer = optimizer if optimizer is not None else \
             build_optimizer(self.model, self.train_cfg, self.device)
         self.schedule = make_schedule(self.train_cfg, cfg.model.d_model)
@@ -125,7 +130,9 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.ddp = _data_parallel(self.model, self.dist, self.device)
         wrapped = self.ddp if self.ddp is not None else self.model
-        self.forward_model = torch.compile(wrapped) if self.train_cfg.compile else wrapped
+        self.forward_model = compiled_forward(wrapped, compile_mode)
+        # Static shapes for CUDA graphs: every batch padded to its length bucket.
+        self.static_shapes = StaticShapes.for_config(self.train_cfg) if compile_mode == "reduce-overhead" else None
         self.validator = Validator(valid_batches, self._loss, self.device, bleu=bleu)
         self.stopping = stopping or StoppingRules.from_config(self.train_cfg)
         self.signals = StopSignals()
@@ -150,6 +157,8 @@ class Trainer:
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
         self.model.train()
+        if self.static_shapes is not None:
+            batches = [self.static_shapes.pad(b) for b in batches]
         batches = [b.to(self.device) for b in batches]
         local_tokens = sum(int(b.n_tgt_tokens) for b in batches)
         local_sents = sum(int(b.src.size(0)) for b in batches)
@@ -182,6 +191,8 @@ class Trainer:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
+                if self.static_shapes is not None:
+                    step_begins()
                 loss, nll = self._loss(self.forward_model, batch)
                 self.scaler.scale(loss * scale).backward()
             loss_acc += loss.detach().double()
