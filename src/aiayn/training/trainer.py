@@ -157,11 +157,11 @@ class Trainer:
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
         self.model.train()
+        local_tokens = sum(int(b.n_tgt_tokens) for b in batches)
+        local_sents = sum(int(b.src.size(0)) for b in batches)
         if self.static_shapes is not None:
             batches = [self.static_shapes.pad(b) for b in batches]
         batches = [b.to(self.device) for b in batches]
-        local_tokens = sum(int(b.n_tgt_tokens) for b in batches)
-        local_sents = sum(int(b.src.size(0)) for b in batches)
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
         loss_acc, nll_acc = self._backward(batches, total_tokens)
         loss_sum, nll_sum, n_sents, src_tokens, padded, elapsed_sum = all_reduce_sum(

@@ -22,12 +22,16 @@ Where it is used is decided in :func:`cast_once_pays`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+# Elements of 2 bytes in 16: where every copy starts.
+_ALIGN_ELEMENTS = 8
 
 
 def cast_once_pays(device: torch.device, amp_dtype: torch.dtype | None, compiled: bool) -> bool:
@@ -65,10 +69,26 @@ def _empty_like_all(like: Sequence[Tensor], dtypes: Sequence[torch.dtype]) -> li
         groups.setdefault((dtype, tuple(t.shape[1:])), []).append(i)
     out: list[Tensor | None] = [None] * len(like)
     for (dtype, tail), members in groups.items():
-        rows = [like[i].shape[0] for i in members]
-        buffer = torch.empty((sum(rows), *tail), dtype=dtype, device=like[members[0]].device)
-        for i, part in zip(members, torch.split_with_sizes(buffer, rows)):
-            out[i] = part
+        row = math.prod(tail)
+        # Each tensor starts on a 16-byte boundary (fast matmul kernels need it): rows of
+        # padding in between where a row's size does not make it so by itself.
+        sizes: list[int] = []
+        where: list[int] = []
+        start = 0
+        for i in members:
+            gap = 0
+            while (start + gap) * row % _ALIGN_ELEMENTS:
+                gap += 1
+            if gap:
+                sizes.append(gap)
+                start += gap
+            where.append(len(sizes))
+            sizes.append(like[i].shape[0])
+            start += like[i].shape[0]
+        buffer = torch.empty((start, *tail), dtype=dtype, device=like[members[0]].device)
+        parts = torch.split_with_sizes(buffer, sizes)
+        for i, k in zip(members, where):
+            out[i] = parts[k]
     return out  # type: ignore[return-value]  # every position is filled
 
 
