@@ -161,7 +161,7 @@ class Trainer:
         local_sents = sum(int(b.src.size(0)) for b in batches)
         if self.static_shapes is not None:
             batches = [self.static_shapes.pad(b) for b in batches]
-        batches = [b.to(self.device) for b in batches]
+        batches = [_on_device(b, self.device) for b in batches]
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
         loss_acc, nll_acc = self._backward(batches, total_tokens)
         loss_sum, nll_sum, n_sents, src_tokens, padded, elapsed_sum = all_reduce_sum(
@@ -185,8 +185,8 @@ class Trainer:
         # DDP averages gradients over processes; multiplying by the world size turns that
         # average back into the sum, so every token counts once: grad(sum loss) / tokens.
         scale = self.dist.world_size / max(total_tokens, 1.0)
-        loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
-        nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        # The summed loss and NLL, in float64, read with one device synchronisation per update.
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
@@ -195,9 +195,9 @@ class Trainer:
                     step_begins()
                 loss, nll = self._loss(self.forward_model, batch)
                 self.scaler.scale(loss * scale).backward()
-            loss_acc += loss.detach().double()
-            nll_acc += nll.detach().double()
-        return loss_acc.item(), nll_acc.item()
+            sums += torch.stack((loss.detach(), nll.detach()))
+        loss_sum, nll_sum = sums.tolist()
+        return loss_sum, nll_sum
 
     def _count(self, out: amp.UpdateOutcome, loss_sum: float) -> None:
         """The step advances on an applied update; skipped ones are counted (divergence)."""
@@ -445,6 +445,15 @@ class Trainer:
         if self.dist.is_main:
             log.info("stopped (%s) at step %d after %.1f s", stop_reason, self.state.step, self.elapsed())
         return summary
+
+
+def _on_device(batch: Any, device: torch.device) -> Any:
+    """The tensors a training step reads, on ``device`` (a tensor there already is not
+    copied; the dataset indices stay where they are: training does not read them)."""
+    moved = {name: getattr(batch, name) for name in ("src", "tgt_in", "tgt_out")}
+    if all(t.device == device for t in moved.values()):
+        return batch
+    return dataclasses.replace(batch, **{name: t.to(device) for name, t in moved.items()})
 
 
 def _src_and_padded(batches: list[Any]) -> tuple[int, int]:
