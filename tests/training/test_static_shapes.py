@@ -87,6 +87,15 @@ def test_bucketed_sizes_round_up_what_the_tensors_hold(listed_pairs):
     assert bucketed.src_sizes.tolist() == [8, 16]  # sources count their EOS
     assert bucketed.tgt_sizes.tolist() == [7, 7]  # targets gain BOS / EOS in the tensors: 8
     assert len(bucketed) == 2 and bucketed[1] is pairs[1]
+    assert getattr(bucketed, "epoch_sizes", None) is None  # as the dataset: none
+
+    class Sampled(type(pairs)):  # lengths that change by epoch, as subword sampling's
+        def epoch_sizes(self, epoch):
+            return self.src_sizes + epoch, self.tgt_sizes
+
+    sampled = BucketedPairs(Sampled(pairs.pairs), shapes)
+    src, tgt = sampled.epoch_sizes(7)
+    assert src.tolist() == [16, 16] and tgt.tolist() == [7, 7]
 
 
 def test_the_trainer_pads_each_batch_under_reduce_overhead(make_cfg):

@@ -107,7 +107,10 @@ class BucketedPairs:
         self._shapes = shapes
         self._sizes = shapes.bucket_sizes(pairs.src_sizes, pairs.tgt_sizes)
         if hasattr(pairs, "epoch_sizes"):  # lengths that change by epoch (subword sampling)
-            self.epoch_sizes = lambda epoch: shapes.bucket_sizes(*pairs.epoch_sizes(epoch))
+            self.epoch_sizes = self._epoch_sizes
+
+    def _epoch_sizes(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._shapes.bucket_sizes(*self._pairs.epoch_sizes(epoch))
 
     @property
     def src_sizes(self) -> np.ndarray:

@@ -17,7 +17,9 @@ to :class:`CastOnceLinear`, which outside an entered layer, or without autocast,
 ``nn.Linear``. The tied embedding / output projection is not cast here: the embedding lookup
 reads it in float32 and the fused loss casts it once per forward itself.
 
-Where it is used is decided in :func:`cast_once_pays`.
+Where it is used is decided in :func:`cast_once_pays`. On a GPU the batched copy is one kernel
+where torch fuses ``_foreach_copy_`` across dtypes (torch 2.4 and later), per-tensor copies
+otherwise (no more than autocast's).
 """
 
 from __future__ import annotations
