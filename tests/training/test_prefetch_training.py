@@ -62,19 +62,19 @@ def test_resume_with_prefetching_is_exact(make_cfg, make_task, tmp_path):
 
 
 def test_each_batch_is_copied_as_the_transfer_says(make_cfg, make_task, monkeypatch):
-    from aiayn.data.batching import Batch
     from aiayn.data.prefetch import HostTransfer
+    from aiayn.training import trainer as trainer_module
 
     trainer = _trainer(make_cfg(), None, make_task(n=16))
     assert not trainer.transfer.non_blocking  # a CPU: plain copies (no-ops)
     copies = []
-    to = Batch.to
+    on_device = trainer_module._on_device
 
-    def spy(self, device, non_blocking=False):
+    def spy(batch, device, non_blocking=False):
         copies.append((torch.device(device), non_blocking))
-        return to(self, device, non_blocking=non_blocking)
+        return on_device(batch, device, non_blocking)
 
-    monkeypatch.setattr(Batch, "to", spy)
+    monkeypatch.setattr(trainer_module, "_on_device", spy)
     # What host_transfer chooses for CUDA, pointed at the CPU (no GPU needed to route it).
     trainer.transfer = HostTransfer(torch.device("cpu"), pin_memory=False, non_blocking=True, prefetch=0)
     trainer.train_step(trainer.groups.next())

@@ -346,7 +346,12 @@ class TrainConfig:
     # fp32 | bf16 | fp16 (mixed precision: autocast) | auto (bf16 where the hardware runs it
     # natively: AVX-512 BF16 / AMX CPUs, bf16-capable GPUs; fp32 elsewhere).
     dtype: str = "fp32"
+    # torch.compile the training forward. compile_mode: default, or reduce-overhead (CUDA graphs:
+    # every batch padded to static shapes, its lengths to a multiple of length_multiple tokens
+    # and its rows to max_tokens // its longer length; docs/gpu.md).
     compile: bool = False
+    compile_mode: str = "default"  # default | reduce-overhead
+    length_multiple: int = 16
     # Batch: padded tokens on the longer side per batch (as fairseq counts), per GPU;
     # max_tokens x GPUs x update_freq is the effective batch (~25k in the paper).
     max_tokens: int = 4096
@@ -423,6 +428,7 @@ class TrainConfig:
         _choice(prefix, "optimizer_impl", self.optimizer_impl, ("auto", "fused", "foreach", "loop"))
         _choice(prefix, "max_tokens_mode", self.max_tokens_mode, ("padded", "real"))
         _choice(prefix, "init_vocab", self.init_vocab, ("same", "extend", "remap"))
+        self._validate_compile(prefix)
         for name in ("max_tokens", "update_freq"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be at least 1, got {getattr(self, name)}")
@@ -443,6 +449,21 @@ class TrainConfig:
         if self.max_nonfinite < 1:
             raise ConfigError(f"{prefix}.max_nonfinite: must be at least 1")
         self._validate_watching(prefix)
+
+    def _validate_compile(self, prefix: str) -> None:
+        """compile_mode reduce-overhead: static shapes from padded token-budget batches."""
+        _choice(prefix, "compile_mode", self.compile_mode, ("default", "reduce-overhead"))
+        if not 1 <= self.length_multiple <= max(self.max_tokens, 1):
+            raise ConfigError(f"{prefix}.length_multiple: must be in 1..{prefix}.max_tokens ({self.max_tokens}), "
+                              f"got {self.length_multiple}")
+        if self.compile_mode != "reduce-overhead":
+            return
+        if not self.compile:
+            raise ConfigError(f"{prefix}.compile_mode: reduce-overhead applies to a compiled forward, but "
+                              f"{prefix}.compile is false")
+        if self.max_tokens_mode != "padded":
+            raise ConfigError(f"{prefix}.compile_mode: reduce-overhead pads every batch to max_tokens padded "
+                              f"tokens, which needs {prefix}.max_tokens_mode padded, got {self.max_tokens_mode}")
 
     def _validate_decay(self, prefix: str) -> None:
         """cosine / linear decay over max_steps (past the warmup), or over max_time_minutes."""

@@ -38,6 +38,7 @@ from aiayn.runtime import set_threads
 from aiayn.training.distributed import DistInfo, all_gather_json, barrier, cleanup, init_distributed
 from aiayn.training.loggers import check_available
 from aiayn.training.optim import build_optimizer
+from aiayn.training.static_shapes import BucketedPairs, StaticShapes
 from aiayn.training.trainer import Trainer
 from aiayn.training.validation import BleuFn
 
@@ -85,6 +86,8 @@ def build_data(cfg: Config, run_dir: Path, info: DistInfo) -> RunData:
     tokenizer = load_tokenizer(prepared)
     # Subword sampling applies here, to the training split only: validation keeps its ids.
     train_pairs = training_pairs(load_split(prepared, "train"), tokenizer, cfg)
+    if cfg.train.compile and cfg.train.compile_mode == "reduce-overhead":  # batches by length bucket
+        train_pairs = BucketedPairs(train_pairs, StaticShapes.for_config(cfg.train))
     train = BatchIterator(train_pairs, cfg.train.max_tokens, seed=cfg.train.seed,
                           shuffle=True, num_shards=info.world_size, shard_id=info.rank,
                           mode=cfg.train.max_tokens_mode)

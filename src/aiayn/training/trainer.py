@@ -64,8 +64,10 @@ from aiayn.training.progress import (
 )
 from aiayn.training.schedule import make_schedule
 from aiayn.training.state import TrainerState
+from aiayn.training.static_shapes import StaticShapes, compiled_forward, step_begins
 from aiayn.training.stopping import StoppingRules, StopSignals, TrainingError
 from aiayn.training.validation import BleuFn, Validator, record_validation
+from aiayn.training.weight_cast import cast_once_pays, cast_weights_once
 
 if TYPE_CHECKING:
     from aiayn.model import Transformer
@@ -127,6 +129,9 @@ class Trainer:
         self.amp_dtype = torch_dtype(self.dtype)  # None: no autocast
         amp.check_fp16_device(self.dtype, self.device)
         self.model = model.to(self.device)
+        compile_mode = self.train_cfg.compile_mode if self.train_cfg.compile else None
+        if cast_once_pays(self.device, self.amp_dtype, compiled=compile_mode is not None):
+            cast_weights_once(self.model)
         self.optimizer = optimizer if optimizer is not None else \
             build_optimizer(self.model, self.train_cfg, self.device)
         self.schedule = make_schedule(self.train_cfg, cfg.model.d_model)
@@ -134,7 +139,9 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.ddp = _data_parallel(self.model, self.dist, self.device)
         wrapped = self.ddp if self.ddp is not None else self.model
-        self.forward_model = torch.compile(wrapped) if self.train_cfg.compile else wrapped
+        self.forward_model = compiled_forward(wrapped, compile_mode)
+        # Static shapes for CUDA graphs: every batch padded to its length bucket.
+        self.static_shapes = StaticShapes.for_config(self.train_cfg) if compile_mode == "reduce-overhead" else None
         self.validator = Validator(valid_batches, self._loss, self.device, bleu=bleu)
         self.stopping = stopping or StoppingRules.from_config(self.train_cfg)
         self.signals = StopSignals()
@@ -159,9 +166,11 @@ class Trainer:
     def train_step(self, batches: list[Any]) -> StepResult:
         """Forward/backward over ``batches`` (one update), then one optimizer step."""
         self.model.train()
-        batches = [self.transfer.to_device(b) for b in batches]
         local_tokens = sum(int(b.n_tgt_tokens) for b in batches)
         local_sents = sum(int(b.src.size(0)) for b in batches)
+        if self.static_shapes is not None:
+            batches = [self.static_shapes.pad(b) for b in batches]
+        batches = [_on_device(b, self.device, self.transfer.non_blocking) for b in batches]
         total_tokens, _ = all_reduce_sum([local_tokens, local_sents], self.dist, self.device)
         loss_acc, nll_acc = self._backward(batches, total_tokens)
         loss_sum, nll_sum, n_sents, src_tokens, padded, elapsed_sum = all_reduce_sum(
@@ -185,17 +194,19 @@ class Trainer:
         # DDP averages gradients over processes; multiplying by the world size turns that
         # average back into the sum, so every token counts once: grad(sum loss) / tokens.
         scale = self.dist.world_size / max(total_tokens, 1.0)
-        loss_acc = torch.zeros((), dtype=torch.float64, device=self.device)
-        nll_acc = torch.zeros((), dtype=torch.float64, device=self.device)
+        # The summed loss and NLL, in float64, read with one device synchronisation per update.
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         for i, batch in enumerate(batches):
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if (self.ddp is None or last) else self.ddp.no_sync()
             with sync:
+                if self.static_shapes is not None:
+                    step_begins()
                 loss, nll = self._loss(self.forward_model, batch)
                 self.scaler.scale(loss * scale).backward()
-            loss_acc += loss.detach().double()
-            nll_acc += nll.detach().double()
-        return loss_acc.item(), nll_acc.item()
+            sums += torch.stack((loss.detach(), nll.detach()))
+        loss_sum, nll_sum = sums.tolist()
+        return loss_sum, nll_sum
 
     def _count(self, out: amp.UpdateOutcome, loss_sum: float) -> None:
         """The step advances on an applied update; skipped ones are counted (divergence)."""
@@ -448,6 +459,16 @@ class Trainer:
         if self.dist.is_main:
             log.info("stopped (%s) at step %d after %.1f s", stop_reason, self.state.step, self.elapsed())
         return summary
+
+
+def _on_device(batch: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """The tensors a training step reads, on ``device`` (a tensor there already is not
+    copied; the dataset indices stay where they are: training does not read them);
+    ``non_blocking``: copies from pinned memory that do not wait (the loader's choice)."""
+    moved = {name: getattr(batch, name) for name in ("src", "tgt_in", "tgt_out")}
+    if all(t.device == device for t in moved.values()):
+        return batch
+    return dataclasses.replace(batch, **{name: t.to(device, non_blocking=non_blocking) for name, t in moved.items()})
 
 
 def _src_and_padded(batches: list[Any]) -> tuple[int, int]:
