@@ -1,7 +1,7 @@
 """Build a terminology test set from Multi30k test2016: per sentence, one or two noun
 phrases of its German reference, to be given as constraints.
 
-    python scripts/build_term_set.py --data ../shared/data/multi30k --out runs/term_set
+    python scripts/build_term_set.py --data $AIAYN_DATA_MIRROR/multi30k --out runs/term_set
 
 Writes ``OUT/test.en`` (the sources), ``OUT/test.de`` (the references) and
 ``OUT/constraints.jsonl`` (one JSON list of phrases per line, the format of ``aiayn translate
@@ -77,8 +77,8 @@ def pick(phrases: list[tuple[int, str]], n: int = 2) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=Path("../shared/data/multi30k"),
-                    help="the Multi30k directory (test_2016_flickr.{en,de}.gz)")
+    ap.add_argument("--data", type=Path, required=True,
+                    help="the Multi30k directory of a data mirror (test_2016_flickr.{en,de}.gz)")
     ap.add_argument("--out", type=Path, required=True, help="output directory")
     ap.add_argument("--per-sentence", type=int, default=2, help="phrases per sentence at most (default 2)")
     args = ap.parse_args()
