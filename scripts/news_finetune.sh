@@ -22,7 +22,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 fail() { echo "news_finetune.sh: $*" >&2; exit 2; }
-whole() { [[ "${!1}" =~ ^[0-9]+$ ]] || fail "$1=${!1}: give a whole number, $2"; }
+# whole NAME WHAT: $NAME must be a whole number (then read as decimal: 08 is 8).
+whole() { [[ "${!1}" =~ ^[0-9]+$ ]] || fail "$1=${!1}: give a whole number, $2"; printf -v "$1" %d "$((10#${!1}))"; }
 
 CONFIG=${CONFIG:-configs/news_finetune_en_de.yaml}
 SCRATCH_CONFIG=${SCRATCH_CONFIG:-configs/multi30k_en_de.yaml}
