@@ -5,9 +5,10 @@ For each line count N (``--lines``; the input cycled to N lines):
 
 - ``aiayn translate --checkpoint CK -i FILE -o OUT`` and nothing else (``--dtype auto``,
   ``--compile auto``), run twice: first with an empty compile cache, then again with the
-  cache the first run left (``$AIAYN_CACHE_DIR``, one fresh folder per timed pair). The
-  first output line is noticed when ``OUT.partial`` first grows (the command writes it a
-  chunk of 10,000 lines at a time, so below that it is the whole output).
+  cache the first run left (``$AIAYN_CACHE_DIR``, one fresh folder per timed pair). Seconds
+  run to the process's exit; the first output line is noticed when ``OUT.partial`` first
+  grows (the command writes it a chunk of 10,000 lines at a time, so below that it is the
+  whole output), the last when ``OUT`` is renamed into place.
 - CTranslate2 on the same weights (``aiayn export ctranslate2``, float32), in a fresh Python
   process that imports ctranslate2 and sentencepiece, reads the file, encodes it with the
   export's SentencePiece model, runs ``Translator.translate_batch``, decodes and writes:
@@ -46,6 +47,7 @@ Without ``--input``: Multi30k's test_2016_flickr English source from the data mi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
@@ -270,18 +272,20 @@ def ct2_differences(dec: dict[str, Any]) -> list[str]:
 # ----------------------------------------------------------------------- measuring
 
 
-def _wait(proc: subprocess.Popen, watch: Path | None, start: float) -> tuple[float, float | None]:
-    """(seconds to exit, seconds until ``watch`` first had bytes) from ``start``."""
-    first = None
+def _wait(proc: subprocess.Popen, partial: Path, done: Path, start: float) -> tuple[float, float | None, float | None]:
+    """Seconds from ``start`` to the process's exit, to ``partial`` first having bytes, and to
+    ``done`` existing (the output renamed into place: every line written)."""
+    first = last = None
     while proc.poll() is None:
-        if first is None and watch is not None:
-            try:
-                if watch.stat().st_size > 0:
-                    first = time.perf_counter() - start
-            except OSError:
-                pass
+        now = time.perf_counter() - start
+        if first is None:
+            with contextlib.suppress(OSError):
+                if partial.stat().st_size > 0:
+                    first = now
+        if last is None and done.exists():
+            last = now
         time.sleep(POLL_S)
-    return time.perf_counter() - start, first
+    return time.perf_counter() - start, first, last
 
 
 def count_lines(path: Path) -> int:
@@ -299,13 +303,14 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path)
         proc = subprocess.Popen([python(), "-m", "aiayn", "translate", "--checkpoint", str(checkpoint), "-i", str(src),
                                  "-o", str(out)], stdout=subprocess.DEVNULL, stderr=err,
                                 env=command_env(threads, cache))
-        seconds, first = _wait(proc, out.with_name(out.name + ".partial"), start)
+        seconds, first, last = _wait(proc, out.with_name(out.name + ".partial"), out, start)
     text = log.read_text(encoding="utf-8", errors="replace")
     if proc.returncode != 0:
         raise SystemExit(f"aiayn translate failed ({proc.returncode}):\n{text[-3000:]}")
     dtype = re.search(r"dtype auto -> (\S+)", text)
     done = re.search(r"translated (\d+) lines in ([\d.]+)s", text)
-    return {"seconds": seconds, "first_output_s": first if first is not None else seconds,
+    last = last if last is not None else seconds
+    return {"seconds": seconds, "first_output_s": first if first is not None else last, "last_output_s": last,
             "dtype": dtype.group(1) if dtype else None, "compiled": "compile auto -> on" in text,
             "translate_s": float(done.group(2)) if done else None, "output_lines": count_lines(out)}
 
@@ -332,7 +337,7 @@ def _row(system: str, variant: str, n: int, runs: list[dict[str, Any]]) -> dict[
     med = statistics.median(seconds)
     row: dict[str, Any] = {"lines": n, "system": system, "variant": variant, "seconds": seconds,
                            "median_s": med, "lines_per_s": n / med, "output_lines": runs[-1]["output_lines"]}
-    for key in ("first_output_s", "translate_s", "import_s", "load_s"):
+    for key in ("first_output_s", "last_output_s", "translate_s", "import_s", "load_s"):
         values = [r[key] for r in runs if r.get(key) is not None]
         if values:
             row[f"median_{key}"] = statistics.median(values)
