@@ -30,14 +30,15 @@ with open(sys.argv[1], "w") as f:
 """
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_translate_imports_no_heavy_module_it_does_not_use(tiny_checkpoint: Path, tmp_path: Path, dtype: str) -> None:
+@pytest.mark.parametrize("options", [["--dtype", "fp32"], ["--dtype", "int8"], []], ids=["fp32", "int8", "defaults"])
+def test_translate_imports_no_heavy_module_it_does_not_use(tiny_checkpoint: Path, tmp_path: Path,
+                                                           options: list[str]) -> None:
     src = tmp_path / "in.txt"
     src.write_text("a man is riding a bike\n", encoding="utf-8")
     loaded = tmp_path / "modules.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-c", CHECK, str(loaded), "translate", "--checkpoint", str(tiny_checkpoint),
-                           "-i", str(src), "--dtype", dtype, "--quiet"], env=env, capture_output=True, timeout=300)
+                           "-i", str(src), *options, "--quiet"], env=env, capture_output=True, timeout=300)
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     assert len(proc.stdout.splitlines()) == 1
     modules = set(json.loads(loaded.read_text()))

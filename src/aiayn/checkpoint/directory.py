@@ -34,7 +34,7 @@ from aiayn.checkpoint.layout import (
     TOKENIZER_DIR,
 )
 from aiayn.checkpoint.training_state import load_optimizer_state, save_optimizer
-from aiayn.checkpoint.weights import load_model_weights, save_model_weights
+from aiayn.checkpoint.weights import load_model_weights, save_model_weights, without_random_init
 from aiayn.config import Config, dump_config, load_config
 from aiayn.errors import AiaynError, CheckpointError
 from aiayn.fileio import atomic_dir
@@ -284,7 +284,8 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
         verify_checkpoint(ckpt)
     cfg = load_checkpoint_config(ckpt)
     state = read_state(ckpt)
-    model = build_model(cfg.model)
+    with without_random_init():  # every parameter is loaded next
+        model = build_model(cfg.model)
     load_model_weights(model, ckpt / MODEL_FILE)
     model.to(device).eval()
     tokenizer = load_tokenizer_dir(ckpt / TOKENIZER_DIR)

@@ -7,13 +7,17 @@ names carry no ``module.`` (DistributedDataParallel) or ``_orig_mod.`` (torch.co
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from aiayn.checkpoint.layout import FORMAT_VERSION
 from aiayn.errors import CheckpointError
@@ -65,6 +69,31 @@ def save_model_weights(model: nn.Module, path: str | Path) -> None:
     metadata = {"format": "pt", "aiayn_format_version": str(FORMAT_VERSION),
                 "aliases": json.dumps(aliases, sort_keys=True)}
     save_file(tensors, str(path), metadata=metadata)
+
+
+# The random fills that initialization draws, as torch.nn.init and the modules' own
+# reset_parameters call them (the functions of torch.nn.init that do not dispatch on their own
+# end in one of the two tensor methods).
+_RANDOM_FILLS: frozenset[Callable[..., Any]] = frozenset({
+    nn.init.uniform_, nn.init.normal_, nn.init.kaiming_uniform_, Tensor.uniform_, Tensor.normal_})
+
+
+class _NoRandomFills(TorchFunctionMode):
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if func in _RANDOM_FILLS:
+            return args[0] if args else (kwargs or {})["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def without_random_init() -> Iterator[None]:
+    """Modules built inside keep their parameters uninitialized: the random initialization's
+    fills are skipped (on this thread only; the global random generator is not advanced).
+    For a model whose every parameter is then loaded (:func:`load_model_weights` is strict):
+    drawing values only to overwrite them costs about as long as reading the weights."""
+    with _NoRandomFills():
+        yield
 
 
 def read_model_weights(path: str | Path, device: str | torch.device = "cpu") -> dict[str, Tensor]:
