@@ -9,11 +9,7 @@ TORCH := torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-<<<<<<< HEAD
-.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k multi30k-distill wmt14 clean install docs mutation mutation-check
-=======
-.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k news-finetune wmt14 clean install docs mutation mutation-check
->>>>>>> finetune
+.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k multi30k-distill news-finetune wmt14 clean install docs mutation mutation-check
 
 # torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
 $(BIN)/activate:
@@ -102,19 +98,17 @@ docs: $(VENV)/.installed-docs
 multi30k: $(VENV)/.installed
 	bash scripts/multi30k.sh
 
-<<<<<<< HEAD
 # After `make multi30k`: its ensemble translates the training set and one student learns from
 # it (sequence-level distillation); the variables of scripts/multi30k_distill.sh pass through.
 multi30k-distill: $(VENV)/.installed
 	bash scripts/multi30k_distill.sh
-=======
+
 # After `make multi30k`: that model fine-tuned on WMT news text with an extended vocabulary,
 # beside the base, a news+Multi30k mix and a model trained from scratch, all scored
 # (OUT/summary.json); the variables of scripts/news_finetune.sh (RUN, PREPARED, OUT, EXTEND,
 # STEPS, SCRATCH_STEPS, ...) pass through.
 news-finetune: $(VENV)/.installed
 	bash scripts/news_finetune.sh
->>>>>>> finetune
 
 # The paper's WMT14 run: `make wmt14` (EN-DE base), `make wmt14 MODEL=big`,
 # `make wmt14 MODEL=big PAIR=en-fr`; the variables of scripts/wmt14.sh pass through.
