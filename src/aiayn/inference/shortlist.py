@@ -60,6 +60,7 @@ class ShortlistDecoder:
                 if self._int8 is not None:
                     scores = self._int8(h)
                 else:
+                    assert self._weight is not None
                     scores = torch.mm(h, self._weight)
                     if self._bias is not None:
                         scores = scores.add_(self._bias)
