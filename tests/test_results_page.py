@@ -79,17 +79,6 @@ def latency_expected(data: dict) -> Expected:
     return out
 
 
-def compile_step_expected(data: list) -> Expected:
-    out: Expected = {}
-    for entry in data:
-        for rows, r in entry["rows"].items():
-            out[(entry["dtype"], entry["mode"], rows)] = {
-                "eager ms": r["shipped_ms"], "compiled ms": r["compiled_ms"],
-                "compiled / eager": r["compiled_ms"] / r["shipped_ms"],
-                "compile s": r["compile_s"], "RSS growth MB": r["rss_growth_mb"]}
-    return out
-
-
 def parsing_expected(data: dict) -> Expected:
     out: Expected = {}
     for r in data["rows"]:
@@ -124,7 +113,6 @@ SPECS: dict[str, tuple[int, Callable[..., Expected]]] = {
     "train.json": (2, train_expected),
     "decode.json": (2, decode_expected),
     "latency.json": (2, latency_expected),
-    "compile_step.json": (3, compile_step_expected),
     "parsing.json": (1, parsing_expected),
     "serve_stress.json": (1, serve_stress_expected),
 }
