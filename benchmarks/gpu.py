@@ -354,6 +354,18 @@ def time_train(build: Callable[[], Callable], batch: Any, steps: int, device: to
     return out
 
 
+# The paper's training runs (section 5.2): 100,000 updates for base, 300,000 for big, each of
+# about 25,000 target tokens.
+PAPER_UPDATES = {"base": 100_000, "big": 300_000}
+PAPER_TOKENS_PER_UPDATE = 25_000
+
+
+def paper_recipe_hours(model: str, tokens_per_s: float) -> float | None:
+    """Hours the paper's recipe for ``model`` takes on one device at ``tokens_per_s``."""
+    updates = PAPER_UPDATES.get(model)
+    return None if updates is None else updates * PAPER_TOKENS_PER_UPDATE / tokens_per_s / 3600
+
+
 def training(sizes: Sizes, device: torch.device, dtype: str, peak_tflops: float | None,
              compile: bool) -> list[dict[str, Any]]:
     batch = train_batch(sizes, device)
@@ -374,6 +386,7 @@ def training(sizes: Sizes, device: torch.device, dtype: str, peak_tflops: float 
                 row.update(time_train(build, batch, sizes.train_steps, device))
                 if peak_tflops:
                     row["mfu"] = row["tokens_per_s"] * flop / (peak_tflops * 1e12)
+                row["paper_recipe_hours"] = paper_recipe_hours(name, row["tokens_per_s"])
             except Exception as exc:  # e.g. transformers missing, or out of memory
                 row["skipped"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 reset_memory(device)
@@ -571,6 +584,7 @@ def print_report(report: dict[str, Any]) -> None:
             ref = next((x.get("tokens_per_s") for x in train if x["model"] == r["model"]
                         and x["system"] == "nn.Transformer" and "skipped" not in x), None)
             _print_row(r["model"], r, ref)
+        _print_recipe_hours(train)
     decode = report.get("decode")
     if isinstance(decode, list):
         print(f"\n{'decoding':<10}{'system':<16}{'dtype':<7}{'tok/s':>12}{'':>8}{'peak GB':>9}{'x hf':>7}")
@@ -587,6 +601,14 @@ def print_report(report: dict[str, Any]) -> None:
         if isinstance(value, dict) and "error" in value and name not in ("tests", "multi30k", "section_seconds"):
             print(f"{name}: failed ({value['error']})")
     print(f"\ntotal {report['seconds']:.0f} s")
+
+
+def _print_recipe_hours(train: list[dict[str, Any]]) -> None:
+    for r in train:
+        if r["system"] == "aiayn" and r.get("paper_recipe_hours"):
+            print(f"the paper's {r['model']} recipe ({PAPER_UPDATES[r['model']]:,} updates of "
+                  f"{PAPER_TOKENS_PER_UPDATE:,} tokens) on one such device at aiayn's speed: "
+                  f"{r['paper_recipe_hours']:.1f} h")
 
 
 def _print_row(label: str, r: dict[str, Any], ref: float | None) -> None:

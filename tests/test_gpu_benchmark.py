@@ -48,6 +48,10 @@ def test_training_rows_measure_aiayn_and_its_peers(report: dict) -> None:
         assert row["tokens_per_step"] == 8 * 8 and row["tokens_per_s"] > 0 and 0 < row["mfu"]
         assert row["flop_per_token"] > 0 and len(row["seconds"]) == 1
     assert rows[("big", "aiayn")]["flop_per_token"] > rows[("base", "aiayn")]["flop_per_token"]
+    # The paper's recipe at the measured speed: 100k (base) / 300k (big) updates of 25k tokens.
+    for model, updates in (("base", 100_000), ("big", 300_000)):
+        row = rows[(model, "aiayn")]
+        assert row["paper_recipe_hours"] == pytest.approx(updates * 25_000 / row["tokens_per_s"] / 3600)
 
 
 def test_decoding_rows_cover_every_batch_size(report: dict) -> None:
