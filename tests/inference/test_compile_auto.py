@@ -161,6 +161,7 @@ print(json.dumps({"out": out, "hits": counters["inductor"]["fxgraph_cache_hit"],
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # two processes compiling: about 90 s on 2 idle cores
 def test_a_second_process_reuses_the_compiled_kernels(tiny_checkpoint: Path, tmp_path: Path) -> None:
     import json
 
