@@ -229,17 +229,13 @@ def _inductor_default_cache_dir() -> str | None:
 
 def use_compile_cache() -> Path:
     """Point inductor's caches at :func:`compile_cache_dir` (it reads the variable when it
-    compiles) and turn on the FX graph cache (inductor's lowered graphs and built kernels)
-    and AOTAutograd's cache (the traced forward graph, keyed by dynamo's graph), so that a
-    process compiling a graph some earlier run compiled loads it instead: what remains is
-    dynamo's tracing of the Python code. Returns the folder. Call before compiling."""
-    import torch._functorch.config as functorch_config
+    compiles) and turn its FX graph cache on, so that a process compiling a graph some
+    earlier run compiled loads it instead; returns the folder. Call before compiling."""
     import torch._inductor.config as inductor_config
 
     folder = compile_cache_dir()
     os.environ[INDUCTOR_CACHE_ENV] = str(folder)
     inductor_config.fx_graph_cache = True
-    functorch_config.enable_autograd_cache = True
     return folder
 
 

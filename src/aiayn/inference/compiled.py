@@ -7,8 +7,8 @@ preallocated buffer (``max_len`` positions), the unfilled ones masked, and is to
 position as a tensor: the shapes stay the same from step to step, so one compiled graph
 serves the whole search (compiled with dynamic shapes: batch, source and cache lengths
 vary between calls). Inductor fuses the step's elementwise work (layer norms, residuals,
-int8 input quantization, the softmax); the weights stay inputs of the graph, not constants
-frozen into it (:data:`FREEZE_WEIGHTS`), so that the compiled step can be cached on disk.
+int8 input quantization, the softmax) and, with weight *freezing*, treats the weights as
+constants it may repack for oneDNN.
 
 Beam search's reorders copy nothing here (:class:`IndexedKVCache`): a key/value stays in
 the buffer row that wrote it, a table says which row holds each hypothesis's at each
@@ -16,11 +16,9 @@ position, and the step's self-attention reads through that table, a gather induc
 into the attention's loads.
 
 The price (``benchmarks/compile_step.py`` measures it): each new family of shapes
-compiles for tens of seconds on a small CPU from an empty compile cache. So it is for a
-long-lived process (``aiayn serve --compile`` compiles at start-up), or a CLI run on an
-input large enough to pay it back. A later process compiling the same model loads the
-traced and lowered graphs and the built kernels from the cache
-(:func:`aiayn.runtime.use_compile_cache`) and only re-runs dynamo's tracing.
+compiles for tens of seconds on a small CPU, and the frozen weights are copies beside the
+model's own. So it is for a long-lived process (``aiayn serve --compile`` compiles at
+start-up), or a CLI run on an input large enough to pay it back.
 
 The model is not touched: this module re-states the decoder layer's wiring
 (:meth:`aiayn.model.layers.DecoderLayer.step`) over the static cache, calling the
@@ -48,9 +46,10 @@ StaticStep = Callable[..., Tensor]
 log = logging.getLogger(__name__)
 
 # `--compile auto`'s estimate (compile_pays). Compiling costs a warm-up before the first
-# compiled step: tens of seconds on a small CPU from an empty cache, a small part of that
-# when the compile cache holds an earlier run's graphs (AOTAutograd's and inductor's FX
-# graph caches hit; only dynamo's tracing is repeated).
+# compiled step: tens of seconds on a small CPU from an empty cache, about half of that when
+# inductor's on-disk cache holds the C++ kernels of an earlier run (with frozen weights the
+# graph is traced and lowered again: inductor's FX graph cache cannot store oneDNN-packed
+# weights, and AOTAutograd's cache skips frozen graphs; only the kernels' builds are saved).
 # Afterwards each line runs faster by an amount that grows with the model: estimated as
 # the model's parameters times SAVED_S_PER_LINE_PER_PARAMETER (from the base model's int8
 # eager and compiled decoding speeds, docs/results.md, at Multi30k's sentence lengths; a
@@ -61,12 +60,6 @@ CACHED_COMPILE_WARMUP_S = {"cpu": 40.0}
 SAVED_S_PER_LINE_PER_PARAMETER = 8e-11
 # Never compile for fewer lines than this, whatever the estimate says.
 MIN_COMPILE_LINES = 1000
-# Whether inductor freezes the weights into the compiled step as constants. Frozen, it may
-# repack fp32/bf16 linear weights for oneDNN, but such a graph is never cached: AOTAutograd's
-# cache refuses frozen graphs, and inductor's FX graph cache cannot store oneDNN-packed
-# tensors (nor the int8 weights Int8Linear packs itself), so every process would trace and
-# lower it again. Unfrozen, the weights are inputs and the whole compiled step is cached.
-FREEZE_WEIGHTS = False
 
 
 def compile_pays(lines: int | None, parameters: int, device: torch.device | str, warm: bool = False) -> bool:
@@ -216,9 +209,8 @@ class CompiledDecoder(IncrementalDecoder):
     """:class:`IncrementalDecoder` whose steps run one inductor-compiled graph.
 
     Compiled lazily, at the first step that can use it: the first call of each new shape
-    family (e.g. one sentence against a batch of them) takes tens of seconds (much less
-    where the compile cache holds it). The step reads the optimized model's weights: optimize
-    and compile again after changing the model's.
+    family (e.g. one sentence against a batch of them) takes tens of seconds. The weights
+    are frozen into the graph as they are then: optimize and compile again after changing them.
     """
 
     def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None) -> None:
@@ -240,12 +232,12 @@ class CompiledDecoder(IncrementalDecoder):
         layers = state.layers
         # Both settings are read when a graph compiles, i.e. inside a call; patched for the
         # call alone (torch.compile's options= does not reach them), never set globally.
-        # Freezing: see FREEZE_WEIGHTS. Without duck shapes, sizes
+        # Freezing lets inductor treat the weights as constants. Without duck shapes, sizes
         # that happen to be equal at the first call (say 24 rows and 24 source tokens, or
         # as many rows as the buffers have until a sentence finishes) do not become one
         # symbol whose split later recompiles the step.
         try:
-            with self._precision(tokens.device), torch._inductor.config.patch(freezing=FREEZE_WEIGHTS), \
+            with self._precision(tokens.device), torch._inductor.config.patch(freezing=True), \
                     torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 logits = self.compiled(tokens, torch.tensor(state.length, device=tokens.device), state.rows,
                                        [c.self_k for c in layers], [c.self_v for c in layers],
