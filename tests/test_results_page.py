@@ -79,6 +79,19 @@ def latency_expected(data: dict) -> Expected:
     return out
 
 
+def end_to_end_expected(data: dict) -> Expected:
+    rows = [r for r in data["rows"] if not r.get("skipped")]
+    ct2_int8 = {r["lines"]: r["median_s"] for r in rows if r["system"] == "ctranslate2" and r["variant"] == "int8"}
+    out: Expected = {}
+    for r in rows:
+        cells = {"s": r["median_s"], "lines/s": r["lines_per_s"],
+                 "CTranslate2 int8 s / s": ct2_int8[r["lines"]] / r["median_s"]}
+        if r.get("median_first_output_s") is not None:
+            cells["first line s"] = r["median_first_output_s"]
+        out[(f"{r['lines']:,}", system_name(r["system"]), r["variant"])] = cells
+    return out
+
+
 def parsing_expected(data: dict) -> Expected:
     out: Expected = {}
     for r in data["rows"]:
@@ -113,6 +126,7 @@ SPECS: dict[str, tuple[int, Callable[..., Expected]]] = {
     "train.json": (2, train_expected),
     "decode.json": (2, decode_expected),
     "latency.json": (2, latency_expected),
+    "end_to_end.json": (3, end_to_end_expected),
     "parsing.json": (1, parsing_expected),
     "serve_stress.json": (1, serve_stress_expected),
 }
