@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 EOS = 3
 
@@ -33,3 +34,21 @@ def make_task(listed_pairs):
 @pytest.fixture(autouse=True)
 def _tiny_models_on_one_thread(one_thread):
     yield
+
+
+@pytest.fixture
+def deterministic():
+    """CUDA kernels with a fixed reduction order (index_add_, embedding backward), and the
+    attention as plain matmuls and softmax (the fused attention kernels' backward passes
+    accumulate in no fixed order): runs repeat bit for bit."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        math_attention = sdpa_kernel(SDPBackend.MATH)
+    except ImportError:  # torch < 2.3
+        math_attention = torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False)
+    with math_attention:
+        yield
+    torch.use_deterministic_algorithms(before)

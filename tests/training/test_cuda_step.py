@@ -25,23 +25,6 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 CUDA = "cuda:0"
 
 
-@pytest.fixture
-def deterministic():
-    """Kernels with a fixed reduction order and the attention as plain matmuls and softmax:
-    runs repeat bit for bit."""
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        math_attention = sdpa_kernel(SDPBackend.MATH)
-    except ImportError:  # torch < 2.3
-        math_attention = torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False)
-    with math_attention:
-        yield
-    torch.use_deterministic_algorithms(before)
-
-
 def _batches(n: int, seed: int = 0, vocab: int = 16):
     rng = np.random.default_rng(seed)
     out = []

@@ -25,24 +25,6 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 CUDA = "cuda:0"  # as aiayn.runtime.resolve_device names it (DDP needs the index)
 
 
-@pytest.fixture
-def deterministic():
-    """CUDA kernels with a fixed reduction order (index_add_, embedding backward), and the
-    attention as plain matmuls and softmax (the fused attention kernels' backward passes
-    accumulate in no fixed order): runs repeat bit for bit."""
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        math_attention = sdpa_kernel(SDPBackend.MATH)
-    except ImportError:  # torch < 2.3
-        math_attention = torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False)
-    with math_attention:
-        yield
-    torch.use_deterministic_algorithms(before)
-
-
 def _trainer(cfg, run_dir=None, task=None, seed=0, **kw):
     torch.manual_seed(seed)
     batches = BatchIterator(task, cfg.train.max_tokens, seed=cfg.train.seed) if task else None
