@@ -5,7 +5,8 @@ server writes and whether it closed; an event loop whose clock moves only when a
 advances it fires the header, body and keep-alive deadlines (and the registry's waiting
 times read the same clock), so every deadline is checked to the exact second and no test
 sleeps. A small ASGI app stands in for the API: it answers ``200`` with ``METHOD PATH``,
-or holds its answer until the test opens its gate.
+or holds its answer until the test opens its gate; it answers ``/early`` before reading
+the request's body.
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ class Server:
 
     async def app(self, scope: dict, receive: Any, send: Any) -> None:
         body = b""
-        while True:
+        while scope["path"] != "/early":  # /early is answered before its body is read
             message = await receive()
             if message["type"] == "http.disconnect":
                 self.disconnects += 1
@@ -442,6 +443,45 @@ def test_a_request_answered_on_a_kept_alive_connection_keeps_it_alive_again(serv
     assert transport.closes == 0
     server.loop.advance_to(85.0)
     assert transport.closes == 1 and server.counts() == {f"{TIMEOUTS}{{phase=idle}}": 1.0}
+
+
+def test_a_request_pipelined_behind_an_answer_has_its_headers_due_from_the_answer(server: Server) -> None:
+    server.gate = asyncio.Event()
+    proto, transport = server.connect()
+    server.receive(proto, GET_A + b"GET /b HTTP/1.1\r\n")  # the second request's start came with the first
+    server.loop.advance_to(3.0)
+    server.gate.set()
+    server.loop.run_ready()
+    assert transport.sent == ok("GET", "/a") and server.waiting == {}
+    server.loop.advance_to(10.999)
+    assert transport.closes == 0
+    server.loop.advance_to(11.0)
+    assert (transport.sent, transport.closes) == (ok("GET", "/a") + HEADER_408, 1)
+    assert server.counts() == {f"{TIMEOUTS}{{phase=headers}}": 1.0}
+
+
+def test_a_body_pipelined_behind_an_answer_gets_408_at_the_body_deadline(server: Server) -> None:
+    proto, transport = server.connect()
+    server.loop.advance_to(1.0)
+    server.receive(proto, GET_A + POST_HEAD + b"ab")
+    server.loop.advance_to(20.999)
+    assert (transport.sent, transport.closes) == (ok("GET", "/a"), 0)
+    server.loop.advance_to(21.0)
+    assert (transport.sent, transport.closes) == (ok("GET", "/a") + BODY_408, 1)
+    assert server.counts() == {f"{TIMEOUTS}{{phase=body}}": 1.0}
+
+
+def test_a_request_answered_before_its_body_gets_no_second_answer(server: Server) -> None:
+    proto, transport = server.connect()
+    server.receive(proto, POST_HEAD.replace(b"/t", b"/early") + b"a")
+    assert transport.sent == ok("POST", "/early")
+    server.loop.advance_to(5.0)
+    server.receive(proto, b"b")  # the client goes on sending the body, then stalls
+    server.loop.advance_to(19.999)
+    assert transport.closes == 0
+    server.loop.advance_to(20.0)  # closed at the body deadline, its one answer given
+    assert (transport.sent, transport.closes) == (ok("POST", "/early"), 1)
+    assert server.counts() == {f"{TIMEOUTS}{{phase=body}}": 1.0}
 
 
 # ------------------------------------------------------------------------ framing
