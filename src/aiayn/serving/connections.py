@@ -9,8 +9,8 @@ chunk received:
 - ``IDLE`` (waiting for a request line and headers): the connection must complete its
   headers within ``header_timeout_s`` of connecting or of its previous response;
 - ``SEND_BODY``: the whole body must arrive within ``body_timeout_s`` of the headers;
-- a client that misses either gets ``408 request_timeout`` (if it sent anything) and is
-  closed.
+- a client that misses either gets ``408 request_timeout`` (if it sent anything and its
+  request has no answer yet: an app may answer before it has read the body) and is closed.
 
 A connection that has had an answer may stay idle for ``keep_alive_s`` before its next
 request's first byte (then the header deadline applies from that byte): far longer than
@@ -155,8 +155,11 @@ class GuardedH11Protocol(H11Protocol):
         self._follow_client()
 
     def on_response_complete(self) -> None:
+        answered = self.cycle
         super().on_response_complete()
-        self._got_bytes = False
+        # Bytes of the next request may be here already (pipelined): a request parsed inside
+        # super(), or the start of one that h11 holds.
+        self._got_bytes = self.cycle is not answered or bool(self.conn.trailing_data[0])
         self._served = True
         # A pipelined next request may already be complete (handled inside super()).
         self._check_framing()
@@ -223,7 +226,7 @@ class GuardedH11Protocol(H11Protocol):
         if self.transport.is_closing():
             return
         self._count("timeouts", phase=phase)
-        if self._got_bytes:
+        if self._got_bytes and self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):  # nothing answered yet
             self.transport.write(raw_error(408, "Request Timeout", "request_timeout",
                                            f"the request {phase} did not arrive within {seconds:g} s"))
         self.transport.close()
