@@ -1,7 +1,8 @@
 """A run's checkpoints (aiayn.checkpoint.manager): step names, the last/best pointers and their
 temporaries, which checkpoints listing and pruning keep, best-only saves outside the periodic
-window, and what a killed or failed save leaves behind."""
+window, what a killed or failed save leaves behind, and checkpoints a kill left half-deleted."""
 
+import io
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ import pytest
 from aiayn import fileio
 from aiayn.checkpoint import directory
 from aiayn.checkpoint.directory import read_state, resolve_checkpoint, verify_checkpoint
-from aiayn.checkpoint.layout import MODEL_FILE
+from aiayn.checkpoint.layout import MANIFEST_FILE, MODEL_FILE
 from aiayn.checkpoint.manager import CheckpointManager, checkpoint_step, list_checkpoints, saved_step
 from aiayn.errors import CheckpointError
 from aiayn.model import build_model
@@ -261,3 +262,80 @@ def test_prune_counts_two_directories_of_one_step(tmp_path, reversed_listing):
     _layout(d, ["step_000000", "step_0"], last="step_0")
     CheckpointManager(tmp_path, keep_last=1).prune()
     assert _left(d) == ["last", "step_0"]
+
+
+# ------------------------------------------------------------ half-deleted checkpoints
+
+
+def _listed(d: Path, name: str, manifest: bytes | None, files=(MODEL_FILE, "config.yaml")) -> Path:
+    """A checkpoint directory holding ``files`` and the manifest ``manifest`` (None: none)."""
+    p = d / name
+    p.mkdir(parents=True)
+    for f in files:
+        (p / f).write_bytes(b"x")
+    if manifest is not None:
+        (p / MANIFEST_FILE).write_bytes(manifest)
+    return p
+
+
+COMPLETE = f"ab12  {MODEL_FILE}\n\ncd34  config.yaml\n".encode()
+
+
+def test_remove_half_deleted_removes_exactly_the_unnamed_incomplete_checkpoints(tmp_path, caplog):
+    d = tmp_path / "checkpoints"
+    d.mkdir()
+    _listed(d, "step_000001", COMPLETE)
+    _listed(d, "step_000002", COMPLETE, files=[MODEL_FILE])  # a listed file gone
+    _listed(d, "step_000003", None)  # the manifest gone
+    _listed(d, "best_step_000004", b"cd34  config.yaml\n")  # the weights not listed
+    _listed(d, "step_000005", f"{MODEL_FILE}\n".encode())  # a line without "HASH  "
+    _listed(d, "step_000006", b"\xff\xfe  " + MODEL_FILE.encode() + b"\n")  # not UTF-8
+    _listed(d, "step_000007", b"")  # incomplete but `last`
+    _listed(d, "best_step_000008", b"")  # incomplete but `best`
+    (d / "step_000009").symlink_to(_listed(tmp_path, "elsewhere", b""), target_is_directory=True)
+    (d / "step_000010").write_text("not a directory\n")
+    _listed(d, "scratch", b"")  # not a checkpoint's name
+    (d / "last").write_text("step_000007\n")
+    (d / "best").write_text("best_step_000008\n")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        removed = CheckpointManager(tmp_path).remove_half_deleted()
+    gone = ["best_step_000004", "step_000002", "step_000003", "step_000005", "step_000006"]
+    assert removed == [d / name for name in gone]
+    assert caplog.messages == [f"removing {d / name}: a checkpoint whose deletion was interrupted" for name in gone]
+    assert _left(d) == ["best", "best_step_000008", "last", "scratch", "step_000001", "step_000007",
+                        "step_000009", "step_000010"]
+    assert _left(tmp_path / "elsewhere") == sorted([MANIFEST_FILE, MODEL_FILE, "config.yaml"])
+    assert CheckpointManager(tmp_path).remove_half_deleted() == []
+
+
+def test_remove_half_deleted_reads_the_manifest_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    d = tmp_path / "checkpoints"
+    _listed(d, "step_000001", f"ab12  {MODEL_FILE}\ncd34  vocab_ü.txt\n".encode(), files=[MODEL_FILE, "vocab_ü.txt"])
+    # A Latin-1 locale: text read without an explicit encoding would be Latin-1.
+    text_encoding = io.text_encoding
+    monkeypatch.setattr(io, "text_encoding", lambda encoding, *a: text_encoding(encoding or "latin-1", *a))
+    assert CheckpointManager(tmp_path).remove_half_deleted() == []
+    assert _left(d) == ["step_000001"]
+
+
+def test_remove_half_deleted_without_a_directory_or_with_a_broken_pointer(tmp_path):
+    assert CheckpointManager(tmp_path).remove_half_deleted() == []
+    assert not (tmp_path / "checkpoints").exists()
+    d = tmp_path / "checkpoints"
+    _listed(d, "step_000001", b"")
+    (d / "last").write_text("step_000002\n")  # resolving the resume point reports it
+    assert CheckpointManager(tmp_path).remove_half_deleted() == []
+    assert _left(d) == ["last", "step_000001"]
+
+
+def test_a_kill_while_removing_a_half_deleted_checkpoint_leaves_a_temporary_that_cleaning_removes(
+        tmp_path, monkeypatch):
+    d = tmp_path / "checkpoints"
+    _listed(d, "step_000001", b"")
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "rmtree", lambda path, *args, **kwargs: None)  # killed after the rename
+        assert CheckpointManager(tmp_path).remove_half_deleted() == [d / "step_000001"]
+    [aside] = _left(d)
+    assert aside.startswith(".tmp-step_000001-")
+    CheckpointManager(tmp_path).clean_incomplete()
+    assert _left(d) == []

@@ -130,6 +130,21 @@ def test_allocation_keeps_a_slot_for_each_bank() -> None:
     assert set(zip(by_score.beam[0].tolist(), by_score.tok[0].tolist())) == {(1, 4), (1, 5), (2, 4)}
 
 
+def test_met_tokens_counts_the_met_phrases_and_the_progress_that_met_after_predicts() -> None:
+    con = LexicalConstraint([[[6, 7], [5]], []], eos=EOS_ID)
+    state = con.start(torch.tensor([0, 0, 0, 1]), torch.tensor([9, 9, 9, 9]))
+    assert state.met_tokens().tolist() == [0, 0, 0, 0]
+    met = []
+    for tokens in ([6, 5, 4, 6], [7, 6, 5, 7], [5, 4, 6, 5]):
+        predicted = state.met_after(torch.arange(4), torch.tensor(tokens))
+        state.advance(torch.tensor(tokens))
+        assert state.met_tokens().tolist() == predicted.tolist()
+        met.append(predicted.tolist())
+    # Row 0 writes [6, 7] then 5; row 1 writes 5, then 6 (one token of [6, 7]), then loses it;
+    # row 2 writes 5, then 6; row 3 has no phrase.
+    assert met == [[1, 1, 0, 0], [2, 2, 1, 0], [3, 1, 2, 0]]
+
+
 def test_eos_waits_for_every_phrase_and_the_bound_forces_them_in() -> None:
     """A model that wants to stop at once still writes the phrases, just before the bound."""
     def stop(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:

@@ -4,6 +4,7 @@ never, and bad constraint files get one line naming file:line."""
 
 from __future__ import annotations
 
+import gzip
 import re
 from pathlib import Path
 
@@ -13,7 +14,13 @@ from hypothesis import strategies as st
 from tests.inference.conftest import WORDS_DE, WORDS_EN
 
 from aiayn.errors import DataError
-from aiayn.inference.terms import ConstraintError, LexicalConstraints, TermDictionary, parse_constraints_line
+from aiayn.inference.terms import (
+    ConstraintError,
+    LexicalConstraints,
+    TermDictionary,
+    parse_constraints_line,
+    read_constraints,
+)
 from aiayn.inference.translator import Translator
 
 
@@ -93,6 +100,38 @@ def test_constraints_lines(line: str, expected: LexicalConstraints) -> None:
 def test_bad_constraints_lines(line: str, message: str) -> None:
     with pytest.raises(DataError, match=message):
         parse_constraints_line(line, "f:3")
+
+
+NOT_JSON = ("not JSON (Expecting value at column 1); write a list of phrases, e.g. [\"Hund\", \"roten Ball\"], "
+            "or {\"include\": [...], \"exclude\": [...]}")
+
+
+def test_read_constraints(tmp_path: Path) -> None:
+    path = tmp_path / "cons.jsonl"
+    path.write_text(' ["Hund", "roten  Ball"] \n\nnull\n{"include": ["a"], "exclude": ["b"]}\n', encoding="utf-8")
+    expected = [LexicalConstraints(("Hund", "roten Ball")), LexicalConstraints(), LexicalConstraints(),
+                LexicalConstraints(("a",), ("b",))]
+    assert list(read_constraints(path)) == expected
+    packed = tmp_path / "cons.jsonl.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert list(read_constraints(str(packed))) == expected
+
+
+def test_read_constraints_names_the_bad_line(tmp_path: Path) -> None:
+    path = tmp_path / "cons.jsonl"
+    path.write_bytes(b'["a"]\n\xff\n["b"]\n')
+    with pytest.raises(DataError) as exc:
+        list(read_constraints(path))
+    assert str(exc.value) == f"{path}:2: invalid UTF-8 at byte 0 of the line (byte 6 of the file): invalid start byte"
+    assert list(read_constraints(path, "skip")) == [LexicalConstraints(("a",)), LexicalConstraints(),
+                                                    LexicalConstraints(("b",))]
+    with pytest.raises(DataError) as exc:
+        list(read_constraints(path, "replace"))
+    assert str(exc.value) == f"{path}:2: {NOT_JSON}"
+    path.write_text('["a"]\n\n[1]\n', encoding="utf-8")
+    with pytest.raises(DataError) as exc:
+        list(read_constraints(path))
+    assert str(exc.value) == f"{path}:3: constraints[0]: expected a string, got int"
 
 
 def test_term_dictionary(tmp_path: Path) -> None:
