@@ -186,3 +186,101 @@ def test_cli_bad_constraint_rows(tiny_checkpoint: Path, tmp_path: Path, run_cli,
     terms.write_text("man\n", encoding="utf-8")
     code, out, err = run_cli(base + ["--terms", str(terms)])
     assert code == 2 and "terms.tsv:1: expected 'source<TAB>target'" in err
+
+
+# --------------------------------------------------------------------------- terms: exact messages, merging,
+# the term dictionary's matching and file format
+
+
+def test_coerce_messages_name_where_and_what() -> None:
+    cases = [(5, "constraints: expected a list of phrases or an object with 'include'/'exclude', got int"),
+             ({"include": "Hund"}, "constraints.include: expected a list of phrases, got str"),
+             ({"exclude": [1]}, "constraints.exclude[0]: expected a string, got int"),
+             ({"include": ["a"], "exclude": ("b", " ")}, "constraints.exclude[1]: an empty phrase")]
+    for value, message in cases:
+        with pytest.raises(ValueError) as err:
+            LexicalConstraints.coerce(value)
+        assert str(err.value) == message
+    with pytest.raises(ValueError) as err:
+        LexicalConstraints.coerce(3.5, "texts[2]")
+    assert str(err.value) == "texts[2]: expected a list of phrases or an object with 'include'/'exclude', got float"
+
+
+def test_a_list_is_include_phrases_only_whatever_the_class_defaults() -> None:
+    """coerce of a list gives no exclude phrase, also on a subclass whose exclude default is not empty."""
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Guarded(LexicalConstraints):
+        exclude: tuple[str, ...] = ("never",)
+
+    assert Guarded.coerce(["a", "b"]) == Guarded(("a", "b"), ())
+    assert Guarded.coerce({"include": ["a"]}) == Guarded(("a",), ())
+
+
+def test_a_line_that_is_not_json_says_what_to_write() -> None:
+    with pytest.raises(DataError) as err:
+        parse_constraints_line("[Hund]", "f:3")
+    assert str(err.value) == ('f:3: not JSON (Expecting value at column 2); write a list of phrases, '
+                              'e.g. ["Hund", "roten Ball"], or {"include": [...], "exclude": [...]}')
+
+
+def test_merged_keeps_both_includes_and_both_excludes_each_once() -> None:
+    one = LexicalConstraints(("a", "b"), ("x",))
+    other = LexicalConstraints(("b", "c"), ("y", "x"))
+    assert one.merged(other) == LexicalConstraints(("a", "b", "c"), ("x", "y"))
+    assert LexicalConstraints().merged(LexicalConstraints((), ("z",))) == LexicalConstraints((), ("z",))
+
+
+def test_term_dictionary_prefers_the_longer_term_at_the_same_place() -> None:
+    for terms in ({"new": "neu", "new york": "New York"}, {"new york": "New York", "new": "neu"}):
+        dictionary = TermDictionary(terms)
+        assert dictionary.constraints("in New  York") == LexicalConstraints(("New York",))
+        assert dictionary.constraints("a new car") == LexicalConstraints(("neu",))
+        assert dictionary.constraints("new cars in new york") == LexicalConstraints(("neu", "New York"))
+
+
+def test_an_empty_term_dictionary_finds_nothing_in_any_text() -> None:
+    dictionary = TermDictionary({})
+    for text in ("", " ", "a, b", "Hund"):
+        assert dictionary.constraints(text) == LexicalConstraints()
+
+
+def test_term_dictionary_file_format(tmp_path: Path) -> None:
+    """Comment lines (also indented, also with a tab) and empty lines are skipped; each of the
+    two fields must be non-empty; only the line ending is stripped before the fields are split."""
+    path = tmp_path / "terms.tsv"
+    path.write_text("# terms\n  # source\ttarget\n\ndog\tHund\r\n  red   ball \t roten Ball\n", encoding="utf-8")
+    terms = TermDictionary.load(path)
+    assert terms.terms == {"dog": "Hund", "red ball": "roten Ball"}
+    assert terms.constraints("# source, the dog") == LexicalConstraints(("Hund",))
+    expected = ":1: expected 'source<TAB>target' (two non-empty fields), got "
+    for text, fields in [("\tHund\n", "2 fields"), ("dog\t \n", "2 fields"), ("dog\tHund\t\n", "3 fields")]:
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(DataError) as err:
+            TermDictionary.load(path)
+        assert str(err.value) == f"{path}{expected}{fields}"
+
+
+def test_term_dictionary_invalid_utf8_as_asked(tmp_path: Path) -> None:
+    path = tmp_path / "terms.tsv"
+    path.write_bytes(b"dog\tHund\nca\xfft\tKatze\n")
+    with pytest.raises(DataError, match="terms.tsv"):
+        TermDictionary.load(path)
+    assert TermDictionary.load(path, on_invalid_utf8="replace").terms == {"dog": "Hund", "ca\ufffdt": "Katze"}
+    assert TermDictionary.load(path, on_invalid_utf8="skip").terms == {"dog": "Hund"}
+
+
+def test_constraints_list_wants_one_entry_per_text() -> None:
+    from aiayn.inference.terms import constraints_list
+
+    assert constraints_list([None, ["a"]], 2) == [LexicalConstraints(), LexicalConstraints(("a",))]
+    for values, n, message in [("ab", 2, "constraints: expected one entry per text, got str"),
+                               (b"ab", 2, "constraints: expected one entry per text, got bytes"),
+                               ((v for v in [None]), 1, "constraints: expected one entry per text, got generator"),
+                               ([None], 2, "constraints: 1 entries for 2 texts; give one per text (None for none)"),
+                               ([None, 5], 2, "constraints[1]: expected a list of phrases or an object with "
+                                              "'include'/'exclude', got int")]:
+        with pytest.raises(DataError) as err:
+            constraints_list(values, n)
+        assert str(err.value) == message

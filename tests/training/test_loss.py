@@ -297,3 +297,106 @@ def test_the_loss_chunk_is_sized_per_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: gib)
     # 2 GiB free + 2 GiB held by the caching allocator but unused: a quarter is 1 GiB = 2,796 rows.
     assert loss_chunk_rows(torch.device("cuda", 0), 32000, torch.bfloat16) == 2 * 1024
+
+
+# --------------------------------------------------------------------------- chunk sizes (exact) and
+# gradients without smoothing
+
+
+def test_chunk_rows_are_a_whole_number_of_rows():
+    """An int, floored to whole multiples of 1,024 rows, below the cap and at it."""
+    from aiayn.training.loss import chunk_rows_for_memory
+
+    gib = 1 << 30
+    # a quarter of 6 GiB is 1.5 GiB: 4,194 rows of 32,000 x 12 B (bf16), 3,145 of 32,000 x 16 B (fp32)
+    for free, dtype, rows in [(6 * gib, torch.bfloat16, 4096), (6 * gib + 3, torch.bfloat16, 4096),
+                              (6 * gib, torch.float32, 3072), (60 * gib, torch.bfloat16, 5120)]:
+        got = chunk_rows_for_memory(free, 32000, dtype)
+        assert type(got) is int and got == rows
+
+
+def test_the_loss_chunk_reads_the_memory_of_its_own_device(monkeypatch):
+    """The free and cached memory are those of the tensors' device (cuda:1 here, not the
+    current device), and the rows are sized for the matmul dtype."""
+    from aiayn.training.loss import loss_chunk_rows
+
+    gib = 1 << 30
+    asked = []
+
+    def reports(what, value):
+        def query(device=None):
+            asked.append((what, device))
+            return value
+        return query
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", reports("free", (4 * gib, 80 * gib)))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", reports("reserved", 3 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", reports("allocated", gib))
+    device = torch.device("cuda", 1)
+    # 4 GiB free + 2 GiB cached: a quarter is 1.5 GiB, 4,194 rows in bf16 and 3,145 in float32
+    assert loss_chunk_rows(device, 32000, torch.bfloat16) == 4096
+    assert sorted(asked) == [("allocated", device), ("free", device), ("reserved", device)]
+    assert loss_chunk_rows(device, 32000, torch.float32) == 3072
+
+
+def test_projected_loss_sizes_its_chunks_for_its_device_vocabulary_and_matmul_dtype(monkeypatch):
+    import aiayn.training.loss as loss_module
+
+    asked = []
+
+    def chunk_rows(device, vocab, matmul_dtype):
+        asked.append((device, vocab, matmul_dtype))
+        return 3
+
+    monkeypatch.setattr(loss_module, "loss_chunk_rows", chunk_rows)
+    torch.manual_seed(11)
+    h, w, t = torch.randn(2, 5, 4), torch.randn(9, 4), torch.randint(0, 9, (2, 5))
+    loss, nll = projected_label_smoothed_loss(h, w, None, t)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        projected_label_smoothed_loss(h, w, None, t)
+    cpu = torch.device("cpu")
+    assert asked == [(cpu, 9, torch.float32), (cpu, 9, torch.bfloat16)]
+    assert type(asked[0][1]) is int
+    ref_loss, ref_nll = projected_label_smoothed_loss(h, w, None, t, chunk_rows=3)
+    assert loss.item() == ref_loss.item() and nll.item() == ref_nll.item()
+
+
+def test_projected_loss_gradients_without_smoothing_never_read_the_smoothing_sums():
+    """epsilon 0: the gradients have no smoothing term, not even 0 times it. The column sums
+    that only the smoothing reads (of the weight, and of the kept states) overflow float32 here
+    (a weight column and a state column of 1e38 that the logits multiply by 0), and the
+    gradients are still those of the plain NLL, finite."""
+    torch.manual_seed(12)
+    h, w = torch.randn(4, 3), torch.randn(5, 3)
+    h[:, 0], h[:, 1] = 0.0, 1e38
+    w[:, 0], w[:, 1] = 1e38, 0.0
+    h.requires_grad_()
+    w.requires_grad_()
+    t = torch.tensor([1, 2, 3, 4])
+    loss, nll = projected_label_smoothed_loss(h, w, None, t, 0.0, None, chunk_rows=2)
+    gh, gw = torch.autograd.grad(loss, [h, w])
+    ref = F.cross_entropy(F.linear(h, w), t, reduction="sum")
+    rh, rw = torch.autograd.grad(ref, [h, w])
+    assert torch.isfinite(gh).all() and torch.isfinite(gw).all()
+    assert torch.allclose(loss, ref, rtol=1e-6) and loss.item() == nll.item()
+    # the 1e38 columns are sums that cancel to about 0: equal to float32 rounding of 1e38
+    assert (gh - rh).abs().max() <= 1e-6 * 1e38 and (gw - rw).abs().max() <= 1e-6 * 1e38
+    assert torch.allclose(gh[:, 2], rh[:, 2], rtol=1e-4) and torch.allclose(gw[:, 2], rw[:, 2], rtol=1e-4)
+
+
+def test_projected_loss_gradients_match_the_unfused_ones_where_the_smoothing_weights_cancel():
+    """epsilon 2^60 over two classes: in floating point 1 - eps - eps/(V-1) is -2^61, so the
+    softmax's weight a + eps/(V-1) * V in d loss / d z is 0, as it is in the unfused loss's
+    gradient (which rounds its weights the same way); the fused gradients are still those."""
+    torch.manual_seed(13)
+    h = torch.randn(6, 4, requires_grad=True)
+    w = torch.randn(2, 4, requires_grad=True)
+    t = torch.tensor([0, 1, 1, 0, 1, 0])
+    eps = 2.0 ** 60
+    loss, _ = projected_label_smoothed_loss(h, w, None, t, eps, None, chunk_rows=4)
+    ref, _ = _unfused(h, w, None, t, eps, None)
+    grads = torch.autograd.grad(loss, [h, w])
+    ref_grads = torch.autograd.grad(ref, [h, w])
+    assert torch.allclose(loss, ref, rtol=1e-5)
+    for g, r in zip(grads, ref_grads):
+        assert torch.isfinite(g).all() and torch.allclose(g, r, rtol=1e-5)

@@ -208,3 +208,85 @@ def test_decay_fraction_must_be_a_share(fraction):
     from aiayn.errors import ConfigError
     with pytest.raises(ConfigError, match=r"^train\.decay_fraction: must be in \(0, 1\]"):
         TrainConfig(lr_schedule="cosine", max_steps=100, warmup_steps=10, decay_fraction=fraction).validate()
+
+
+# --------------------------------------------------------------------------- defaults, boundaries and
+# the settings make_schedule passes to the decays (exact values)
+
+
+def test_inverse_sqrt_after_a_one_update_warmup_is_peak_times_sqrt_of_warmup_over_step():
+    """warmup 1 is a warmup (no ramp: step 1 is already past it): peak * sqrt(1 / step), to the
+    last bit, not peak * step ** -0.5 of no warmup (the two differ in the last place at step 7)."""
+    for step in (1, 2, 7, 15, 21):
+        assert inverse_sqrt_lr(step, 1.0, 1) == math.sqrt(1 / step)
+    assert math.sqrt(1 / 7) != 7 ** -0.5
+
+
+def test_decay_defaults_are_a_cosine_from_zero_to_zero_over_the_whole_horizon():
+    from aiayn.training.schedule import decay_lr, timed_decay_lr
+    for step in (1, 5, 10, 40, 55, 99, 100, 130):
+        assert decay_lr(step, 1e-3, 10, 100) == decay_lr(step, 1e-3, 10, 100, shape="cosine", init_lr=0.0,
+                                                          min_lr=0.0, fraction=1.0)
+    assert decay_lr(5, 1e-3, 10, 100) == 5e-4  # the warmup ramps from 0
+    assert decay_lr(55, 1e-3, 10, 100) == pytest.approx(0.5e-3, rel=1e-12)  # a cosine: half-way down
+    assert decay_lr(40, 1e-3, 10, 100) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 3)), rel=1e-12)
+    assert decay_lr(100, 1e-3, 10, 100) == decay_lr(130, 1e-3, 10, 100) == 0.0
+    for step, elapsed in ((5, 0.0), (10, 0.0), (20, 20.0), (20, 30.0), (20, 60.0), (20, 90.0)):
+        assert timed_decay_lr(step, elapsed, 60.0, 1e-3, 10) == timed_decay_lr(
+            step, elapsed, 60.0, 1e-3, 10, shape="cosine", init_lr=0.0, min_lr=0.0, fraction=1.0)
+    assert timed_decay_lr(5, 0.0, 60.0, 1e-3, 10) == 5e-4
+    assert timed_decay_lr(20, 20.0, 60.0, 1e-3, 10) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 3)),
+                                                                     rel=1e-12)
+    assert timed_decay_lr(20, 60.0, 60.0, 1e-3, 10) == timed_decay_lr(20, 90.0, 60.0, 1e-3, 10) == 0.0
+
+
+def test_decay_over_one_update_after_the_warmup_reaches_min_lr_at_once():
+    from aiayn.training.schedule import decay_lr
+    assert decay_lr(10, 1e-3, 10, 11, min_lr=1e-5) == 1e-3
+    assert decay_lr(11, 1e-3, 10, 11, min_lr=1e-5) == 1e-5
+    assert decay_lr(1, 1e-3, 0, 1, min_lr=1e-5) == 1e-5
+
+
+@pytest.mark.parametrize("fraction", [0.1, 0.2])
+def test_the_end_of_a_short_decay_is_exactly_min_lr(fraction):
+    """At the horizon the rate is min_lr itself, not the end of the line: 1 - (1 - 0.1) is not
+    0.1 in floating point, and the line would stop 2e-16 of the range above min_lr."""
+    from aiayn.training.schedule import decay_lr, timed_decay_lr
+    for shape in ("linear", "cosine"):
+        assert decay_lr(100, 1.0, 10, 100, shape=shape, fraction=fraction) == 0.0
+        assert timed_decay_lr(100, 60.0, 60.0, 1.0, 10, shape=shape, fraction=fraction) == 0.0
+
+
+@pytest.mark.parametrize("shape", ["cosine", "linear"])
+@pytest.mark.parametrize("max_steps", [100, 0])
+def test_make_schedule_passes_every_decay_setting(shape, max_steps):
+    """Each setting reaches the decay: shape, warmup_init_lr, min_lr and decay_fraction, over
+    max_steps updates or (max_steps 0) over max_time_minutes; the values are exact."""
+    from aiayn.training.schedule import decay_lr, timed_decay_lr
+    train = TrainConfig(lr_schedule=shape, lr=1e-3, warmup_steps=10, warmup_init_lr=1e-4, min_lr=1e-5,
+                        decay_fraction=0.5, max_steps=max_steps, max_time_minutes=1.0)
+    train.validate()
+    schedule = make_schedule(train, 256)
+    for step in (1, 3, 9, 10, 20, 55, 60, 70, 80, 99, 100, 120):
+        elapsed = 60.0 * step / 100
+        if max_steps:
+            expected = decay_lr(step, 1e-3, 10, 100, shape=shape, init_lr=1e-4, min_lr=1e-5, fraction=0.5)
+        else:
+            expected = timed_decay_lr(step, elapsed, 60.0, 1e-3, 10, shape=shape, init_lr=1e-4, min_lr=1e-5,
+                                      fraction=0.5)
+        assert schedule(step, elapsed) == expected
+    assert schedule(3, 12.0) == 1e-4 + (1e-3 - 1e-4) * 3 / 10  # the warmup starts at warmup_init_lr
+    # 80 of 100 (or 48 s of 60): 60% into the last half of the horizon (the last half of the
+    # updates after the warmup, or of the seconds)
+    progress = 0.6 if not max_steps else ((80 - 10) / 90 - 0.5) / 0.5
+    remaining = 0.5 * (1 + math.cos(math.pi * progress)) if shape == "cosine" else 1 - progress
+    assert schedule(80, 48.0) == pytest.approx(1e-5 + (1e-3 - 1e-5) * remaining, rel=1e-12)
+
+
+def test_a_time_budget_schedule_called_without_the_seconds_is_at_time_zero():
+    train = TrainConfig(lr_schedule="cosine", lr=1e-3, warmup_steps=10, max_steps=0, max_time_minutes=1.0,
+                        warmup_init_lr=0.0)
+    train.validate()
+    schedule = make_schedule(train, 256)
+    assert schedule(50) == schedule(50, 0.0) == 1e-3
+    assert schedule(50, 1.0) < 1e-3
