@@ -4,19 +4,32 @@ prepared-data directory that `aiayn prepare --task parsing` builds from it."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
+import math
 import os
+import random
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from aiayn.cli.main import main
+from aiayn.config import DataConfig
 from aiayn.data import datasets as ds
+from aiayn.data import treebank
 from aiayn.data.prepare import read_summary, split_text
-from aiayn.data.treebank import phrase_subtrees, spelled_words, substituted, write_parsing_text
+from aiayn.data.treebank import (
+    phrase_subtrees,
+    prepare_parsing_data,
+    spelled_words,
+    substituted,
+    write_parsing_text,
+)
 from aiayn.data.trees import as_placeholders, linearize, parse_tree, read_trees, rebuild, tree_to_string
-from aiayn.errors import DataError
+from aiayn.errors import AiaynError, DataError
 
 LOGGER = "aiayn.data.treebank"
 MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
@@ -366,3 +379,141 @@ def test_parsing_finds_the_treebank_in_the_data_mirror(tmp_path: Path, monkeypat
     monkeypatch.setenv(ds.MIRROR_ENV, str(tmp_path))
     assert cli([*args, str(tmp_path / "p2")]) == 0
     assert split_text(tmp_path / "p1", "test") == split_text(tmp_path / "p2", "test")
+
+
+# ------------------------------------------------------ substitution: seed and rate exactly
+def test_substituted_seed_defaults_to_one() -> None:
+    trees = [parse_tree("(S (NP (DT The) (NN cat)) (VP (VBD sat)) (. .))"),
+             parse_tree("(S (NP (DT a) (NN dog)) (VP (VBD ran) (ADVP (RB away))) (. !))")]
+
+    def drawn(**seed: int) -> list[str]:
+        return [tree_to_string(t) for t in substituted(trees, 4, 0.5, trees, **seed)]
+
+    assert drawn() == drawn(seed=1) != drawn(seed=2)
+
+
+def test_substitution_rate_is_a_strict_bound_on_the_draw() -> None:
+    # A word is replaced when the draw is below the rate: a draw equal to it keeps the word.
+    tree, lexicon = [parse_tree("(S (NN a))")], [parse_tree("(S (NN b))")]
+    draw = random.Random(5).random()
+    assert substituted(tree, 1, draw, lexicon, seed=5)[0].leaves() == ["a"]
+    assert substituted(tree, 1, math.nextafter(draw, 1.0), lexicon, seed=5)[0].leaves() == ["b"]
+
+
+# ------------------------------------------------------- prepared directory, exactly
+PARSING_CFG = DataConfig(vocab_size=40, parsing_target="words", parsing_min_count=200, parsing_subtrees=2,
+                         parsing_substitutions=1, parsing_substitution_rate=0.25, seed=3,
+                         # the parsing task reads the treebank only: these are set aside
+                         dataset="multi30k", synthetic="copy")
+SMALL_CFG = DataConfig(vocab_size=40, tgt_vocab_size=64)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str, Path]:
+    """The summary, directory and progress output (stderr) of prepare_parsing_data over
+    the mini treebank, with its defaults (progress shown, no force); and the treebank."""
+    root = tmp_path_factory.mktemp("prepared")
+    ptb = _mini_treebank(root / "ptb")
+    out = root / "new" / "parents" / "p"  # parents are made
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        summary = prepare_parsing_data(ptb, out, PARSING_CFG)
+    return summary, out, err.getvalue(), ptb
+
+
+def test_prepare_parsing_data_summary_exactly(prepared: tuple[dict, Path, str, Path]) -> None:
+    summary, out, progress, ptb = prepared
+    assert read_summary(out) == summary
+    assert summary["task"] == "parsing"
+    assert summary["source"] == {"dataset": "ptb", "synthetic": None, "src_lang": "words", "tgt_lang": "trees"}
+    # spelled: "." alone is seen 200 times; a phrase of 2 words and up per tree; one variant of each pair
+    assert summary["parsing"] == {
+        "splits": {"train": {"trees": 318, "words": 1272, "skipped": 0, "files": "wsj_0001-wsj_0159"},
+                   "valid": {"trees": 40, "words": 160, "skipped": 0, "files": "wsj_0160-wsj_0179"},
+                   "test": {"trees": 40, "words": 160, "skipped": 0, "files": "wsj_0180-wsj_0199"}},
+        "placeholder": "XX", "target": "words", "source": str(ptb), "spelled_words": 1,
+        "phrases": 318, "substituted": 636,
+    }
+    config = summary["config"]
+    assert (config["dataset"], config["synthetic"], config["joint_vocab"]) == (None, None, False)
+    assert config["joint_vocab"] is False and summary["spm"]["joint"] is False
+    # without data.tgt_vocab_size the word model may hold up to 4096 symbols; it holds what there is
+    assert (config["tgt_vocab_size"], config["tgt_spm_model_type"]) == (4096, "word")
+    assert summary["spm"]["tgt_vocab_size"] == 4096 and summary["tgt_vocab_size"] == 12
+    # the text is written beside the output, in a temporary folder removed afterwards
+    text_dir = re.escape(str(out.with_name(".p-text.tmp-")))
+    for role in ("train", "valid", "test"):
+        for side in ("src", "tgt"):
+            assert re.fullmatch(text_dir + f"[0-9a-f]{{8}}/{role}\\.{side}\\.txt", config[f"{role}_{side}"])
+    assert sorted(p.name for p in out.parent.iterdir()) == ["p"]
+    assert sorted(p.name for p in out.iterdir() if p.name.endswith(".gold.txt")) == [
+        "test.gold.txt", "train.gold.txt", "valid.gold.txt"]
+    assert "encode train: 100%" in progress  # progress is shown by default
+
+
+def test_prepare_parsing_data_trains_on_the_configured_pairs(prepared: tuple[dict, Path, str, Path],
+                                                             tmp_path: Path) -> None:
+    """Training pairs: the trees, their phrases and their same-tag variants, as data.parsing_*
+    and data.seed ask."""
+    _, out, _, ptb = prepared
+    write_parsing_text(ptb, tmp_path, target="words", min_count=200, subtrees=2, substitutions=1,
+                       substitution_rate=0.25, seed=3)
+    src, tgt = split_text(out, "train")
+    assert src == (tmp_path / "train.src.txt").read_text(encoding="utf-8").splitlines()
+    assert tgt == (tmp_path / "train.tgt.txt").read_text(encoding="utf-8").splitlines()
+    # the two trees and their phrases, and the variants' new sentences ("dog" and "yesterday" are NN)
+    assert set(src) == {"The dog barks .", "It rained yesterday .", "The dog", "rained yesterday",
+                        "The yesterday barks .", "It rained dog .", "The yesterday", "rained dog"}
+    for role in ("valid", "test"):
+        assert split_text(out, role) == tuple(
+            (tmp_path / f"{role}.{side}.txt").read_text(encoding="utf-8").splitlines() for side in ("src", "tgt"))
+        assert (out / f"{role}.gold.txt").read_bytes() == (tmp_path / f"{role}.gold.txt").read_bytes()
+
+
+def test_prepare_parsing_data_refusals_exactly(prepared: tuple[dict, Path, str, Path], tmp_path: Path) -> None:
+    ptb = prepared[3]
+    a_file = tmp_path / "file"
+    a_file.write_text("x", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        prepare_parsing_data(ptb, a_file, SMALL_CFG, progress=False)
+    assert str(e.value) == f"{a_file}: exists and is not a directory"
+    for out in (ptb, ptb.parent):  # not even with force
+        with pytest.raises(AiaynError) as ae:
+            prepare_parsing_data(ptb, out, SMALL_CFG, progress=False, force=True)
+        assert str(ae.value) == f"--out {out}: would replace the input {ptb}; write to another directory"
+    assert len(list(ptb.iterdir())) == 199
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_prepare_parsing_data_force_and_rebuild(prepared: tuple[dict, Path, str, Path], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    ptb = prepared[3]
+    out = tmp_path / "p"
+    out.mkdir()
+    (out / "stray.txt").write_text("x", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        prepare_parsing_data(ptb, out, SMALL_CFG, progress=False)  # force is off by default
+    assert str(e.value) == f"{out}: directory exists and is not empty (use --force to replace it)"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+    summary = prepare_parsing_data(ptb, out, SMALL_CFG, progress=False, force=True)
+    assert not (out / "stray.txt").exists() and read_summary(out) == summary
+    assert (summary["config"]["tgt_vocab_size"], summary["tgt_vocab_size"]) == (64, 11)
+    # a prepared directory is rebuilt without force, reusing its tokenizer
+    again = prepare_parsing_data(ptb, out, SMALL_CFG, progress=False)
+    assert again["reused"]["tokenizer"] is True and again["input_key"] == summary["input_key"]
+    assert capsys.readouterr().err == ""  # progress=False shows none
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]
+
+
+def test_prepare_parsing_data_failure_is_not_masked_by_the_cleanup(
+        prepared: tuple[dict, Path, str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure is reported as itself, even when the temporary text folder is gone already."""
+    def failing(ptb_dir: Path, out_dir: Path, **_: object) -> dict:
+        shutil.rmtree(out_dir)
+        raise DataError(f"{ptb_dir}: no trees")
+
+    monkeypatch.setattr(treebank, "write_parsing_text", failing)
+    with pytest.raises(DataError) as e:
+        prepare_parsing_data(prepared[3], tmp_path / "p", SMALL_CFG, progress=False)
+    assert str(e.value) == f"{prepared[3]}: no trees"
+    assert list(tmp_path.iterdir()) == []

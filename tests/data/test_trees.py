@@ -474,3 +474,15 @@ def test_rebuild_logs_repairs_at_debug(caplog: pytest.LogCaptureFixture, tokens:
         tree = rebuild(tokens.split(), ["a", "b"], placeholder=placeholder)
     assert tree_to_string(tree) == f"(S ({placeholder} a) ({placeholder} b))"
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == logged
+
+
+# ------------------------------------------------------------- read_trees names its file
+def test_read_trees_names_the_file_in_a_syntax_error(tmp_path: Path) -> None:
+    unbalanced = tmp_path / "open.mrg"
+    unbalanced.write_text("(S (NN a))\n(S (NN b)\n", encoding="utf-8")
+    with pytest.raises(DataError) as e:
+        read_trees(unbalanced)
+    assert str(e.value) == f"{unbalanced}:2: unbalanced brackets (tree never closed)"
+    with pytest.raises(DataError) as e:
+        read_trees(str(unbalanced))
+    assert str(e.value) == f"{unbalanced}:2: unbalanced brackets (tree never closed)"
