@@ -512,7 +512,7 @@ def test_waiting_reader_only_polls(monkeypatch) -> None:
 
     def spy(rlist, wlist, xlist, timeout=None):
         timeouts.append(timeout)
-        return select(rlist, wlist, xlist, timeout)
+        return select(rlist, wlist, xlist, 0)  # a wait asked for is recorded, never made
 
     monkeypatch.setattr(translate_io.select, "select", spy)
     read_fd, write_fd = os.pipe()
@@ -651,3 +651,26 @@ def test_abort_tolerates_a_partial_removed_meanwhile(tmp_path: Path) -> None:
     partial.unlink()  # removed by hand while the run failed
     assert output.abort() is False
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stream_chunks_without_waiting_read_through_the_stream(tmp_path: Path) -> None:
+    """``wait=False`` reads the stream's own lines: a gzip file's decompressed text."""
+    path = tmp_path / "in.txt.gz"
+    path.write_bytes(gzip.compress(b"one\ntwo\nthree\n"))
+    with gzip.open(path, "rb") as stream:
+        chunks = list(translate_io.stream_chunks(stream, 2, lambda raw, n: raw.decode(), wait=False))
+    assert chunks == [["one", "two"], ["three"]]
+
+
+def test_stream_chunks_read_error_names_stdin_and_the_line() -> None:
+    class Failing(io.BytesIO):
+        def readline(self, size=-1):
+            if self.tell() >= 4:
+                raise OSError("device gone")
+            return super().readline(size)
+
+    chunks = translate_io.stream_chunks(Failing(b"a\nb\nc\n"), 5, lambda raw, n: raw.decode())
+    assert next(chunks) == ["a", "b"]
+    with pytest.raises(DataError) as info:
+        next(chunks)
+    assert str(info.value) == "<stdin>:3: read error (device gone)"
