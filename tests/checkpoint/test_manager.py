@@ -339,3 +339,15 @@ def test_a_kill_while_removing_a_half_deleted_checkpoint_leaves_a_temporary_that
     assert aside.startswith(".tmp-step_000001-")
     CheckpointManager(tmp_path).clean_incomplete()
     assert _left(d) == []
+
+
+def test_a_kill_while_pruning_leaves_a_temporary_that_cleaning_removes(tmp_path, monkeypatch):
+    d = tmp_path / "checkpoints"
+    _layout(d, STEPS[1:3], last=STEPS[2])
+    with monkeypatch.context() as m:
+        m.setattr(shutil, "rmtree", lambda path, *args, **kwargs: None)  # killed after the rename
+        CheckpointManager(tmp_path, keep_last=1).prune()
+    [aside] = [name for name in _left(d) if name not in ("last", STEPS[2])]
+    assert aside.startswith(f".tmp-{STEPS[1]}-")
+    CheckpointManager(tmp_path).clean_incomplete()
+    assert _left(d) == ["last", STEPS[2]]

@@ -466,3 +466,211 @@ def test_a_program_gets_each_translation_before_sending_the_next_line(tiny_check
         proc.kill()
     assert len(answers) == 3 and answers[1] == b"\n"
     assert all(a.endswith(b"\n") for a in answers)
+
+
+# ------------------------------------------------- the stream reader: block boundaries
+
+
+def _pipe_reader() -> tuple[translate_io._WaitingReader, int]:
+    read_fd, write_fd = os.pipe()
+    reader = translate_io._WaitingReader(read_fd)
+    return reader, write_fd
+
+
+def test_waiting_reader_a_block_that_starts_with_a_newline() -> None:
+    reader, write_fd = _pipe_reader()
+    try:
+        os.write(write_fd, b"\n")
+        assert reader.line_waiting()  # an empty line is a whole line
+        os.write(write_fd, b"x\n")  # arrives after the empty line was seen, in a block of its own
+        assert reader.readline() == b"\n"
+        assert reader.readline() == b"x\n"
+        os.close(write_fd)
+        write_fd = -1
+        assert reader.line_waiting()  # the end of the input
+        assert reader.readline() == b""
+    finally:
+        os.close(reader.fd)
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+def test_waiting_reader_a_first_block_that_starts_with_a_newline() -> None:
+    reader, write_fd = _pipe_reader()
+    try:
+        os.write(write_fd, b"\nx\ny")
+        os.close(write_fd)
+        assert [reader.readline() for _ in range(4)] == [b"\n", b"x\n", b"y", b""]
+    finally:
+        os.close(reader.fd)
+
+
+def test_waiting_reader_only_polls(monkeypatch) -> None:
+    """Telling whether a line is waiting never waits: every select has a zero timeout."""
+    timeouts = []
+    select = translate_io.select.select
+
+    def spy(rlist, wlist, xlist, timeout=None):
+        timeouts.append(timeout)
+        return select(rlist, wlist, xlist, 0)  # a wait asked for is recorded, never made
+
+    monkeypatch.setattr(translate_io.select, "select", spy)
+    read_fd, write_fd = os.pipe()
+    try:
+        with os.fdopen(read_fd, "rb", buffering=0) as stream:
+            reader = translate_io._WaitingReader.wrap(stream)
+            assert reader is not None
+            assert not reader.line_waiting()
+            os.write(write_fd, b"a")
+            assert not reader.line_waiting()  # a line's start, not yet a line
+            os.write(write_fd, b"b\n")
+            assert reader.line_waiting()
+            assert reader.readline() == b"ab\n"
+    finally:
+        os.close(write_fd)
+    assert len(timeouts) >= 4 and set(timeouts) == {0}
+
+
+# ------------------------------------------------------ resuming and aborting an output
+
+
+def _partial_state(out: Path) -> tuple[Path, Path]:
+    partial = out.with_name(out.name + ".partial")
+    return partial, partial.with_name(partial.name + ".json")
+
+
+def _state_text(identity: dict, lines: int, nbytes: int) -> str:
+    return json.dumps({"identity": identity, "lines": lines, "bytes": nbytes}, indent=1, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize("state", [
+    b"{not json",
+    b"\xff\xfe{}",  # not UTF-8
+    b"[2, 8]",
+    b'{"lines": 2, "bytes": 8}',
+    b'{"identity": "abc", "lines": 2, "bytes": 8}',
+    b'{"identity": {"input": "abc"}, "lines": "2", "bytes": 8}',
+    b'{"identity": {"input": "abc"}, "lines": 2, "bytes": "8"}',
+    b'{"identity": {"input": "abc"}, "lines": 2}',
+], ids=["json", "utf8", "list", "no-identity", "identity-str", "lines-str", "bytes-str", "no-bytes"])
+def test_resume_refuses_a_partial_whose_state_cannot_be_read(tmp_path: Path, state: bytes) -> None:
+    from aiayn.errors import AiaynError
+
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    partial.write_bytes(b"one\ntwo\n")
+    state_file.write_bytes(state)
+    with pytest.raises(AiaynError) as info:
+        translate_io.PartialOutput(out, {"input": "abc"}, resume=True)
+    assert str(info.value) == (f"--resume: {partial} has no readable out.txt.partial.json, so what it holds is "
+                               "unknown; delete it to start again")
+    assert partial.read_bytes() == b"one\ntwo\n" and state_file.read_bytes() == state
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt.partial", "out.txt.partial.json"]
+
+
+def test_resume_reads_its_state_as_utf8_whatever_the_locale(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    identity = {"input": "caf\u00e9 \u00fcber"}
+    partial.write_bytes(b"one\n")
+    # JSON with its non-ASCII text as UTF-8 (the program itself writes \u escapes).
+    state_file.write_bytes(json.dumps({"identity": identity, "lines": 1, "bytes": 4}, ensure_ascii=False).encode())
+    # A Latin-1 locale: text read without an explicit encoding would be Latin-1.
+    text_encoding = io.text_encoding
+    monkeypatch.setattr(io, "text_encoding", lambda encoding, *a: text_encoding(encoding or "latin-1", *a))
+    second = translate_io.PartialOutput(out, identity, resume=True)
+    assert (second.lines, second.bytes) == (1, 4)
+    second.write(b"two\n", 1)
+    second.finish()
+    assert out.read_bytes() == b"one\ntwo\n"
+
+
+def test_resume_needs_an_identity(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as info:
+        translate_io.PartialOutput(tmp_path / "out.txt", None, resume=True)
+    assert str(info.value) == "resume needs an identity"
+
+
+def test_resume_names_every_key_only_one_identity_has(tmp_path: Path) -> None:
+    from aiayn.errors import AiaynError
+
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    first = translate_io.PartialOutput(out, {"input": "abc", "beam": 4})
+    first.write(b"one\n", 1)
+    first._close()
+    state = state_file.read_bytes()
+    with pytest.raises(AiaynError) as info:
+        translate_io.PartialOutput(out, {"input": "abc", "alpha": 0.6}, resume=True)
+    assert str(info.value) == (f"--resume: {partial} was written with another alpha, beam; rerun with the options "
+                               "it was started with, or delete it to start again")
+    assert partial.read_bytes() == b"one\n" and state_file.read_bytes() == state
+
+
+def test_resume_refuses_a_partial_shorter_than_its_state_counts(tmp_path: Path) -> None:
+    from aiayn.errors import AiaynError
+
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    identity = {"input": "abc"}
+    first = translate_io.PartialOutput(out, identity)
+    first.write(b"one\ntwo\n", 2)
+    first._close()
+    partial.write_bytes(b"one\n")  # lost its last chunk
+    with pytest.raises(AiaynError) as info:
+        translate_io.PartialOutput(out, identity, resume=True)
+    assert str(info.value) == (f"--resume: {partial} has 4 bytes, out.txt.partial.json counts 8; "
+                               "delete both to start again")
+    assert partial.read_bytes() == b"one\n"
+    assert state_file.read_text(encoding="utf-8") == _state_text(identity, 2, 8)
+
+
+def test_abort_keeps_exactly_one_finished_chunk(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    identity = {"input": "abc"}
+    output = translate_io.PartialOutput(out, identity)
+    output.write(b"one\n", 1)
+    assert output.abort() is True
+    assert partial.read_bytes() == b"one\n"
+    assert state_file.read_text(encoding="utf-8") == _state_text(identity, 1, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt.partial", "out.txt.partial.json"]
+
+
+def test_abort_before_the_first_chunk_removes_the_files(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    output = translate_io.PartialOutput(out, {"input": "abc"})
+    assert output.abort() is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_abort_tolerates_a_partial_removed_meanwhile(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    output = translate_io.PartialOutput(out, {"input": "abc"})
+    partial.unlink()  # removed by hand while the run failed
+    assert output.abort() is False
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stream_chunks_without_waiting_read_through_the_stream(tmp_path: Path) -> None:
+    """``wait=False`` reads the stream's own lines: a gzip file's decompressed text."""
+    path = tmp_path / "in.txt.gz"
+    path.write_bytes(gzip.compress(b"one\ntwo\nthree\n"))
+    with gzip.open(path, "rb") as stream:
+        chunks = list(translate_io.stream_chunks(stream, 2, lambda raw, n: raw.decode(), wait=False))
+    assert chunks == [["one", "two"], ["three"]]
+
+
+def test_stream_chunks_read_error_names_stdin_and_the_line() -> None:
+    class Failing(io.BytesIO):
+        def readline(self, size=-1):
+            if self.tell() >= 4:
+                raise OSError("device gone")
+            return super().readline(size)
+
+    chunks = translate_io.stream_chunks(Failing(b"a\nb\nc\n"), 5, lambda raw, n: raw.decode())
+    assert next(chunks) == ["a", "b"]
+    with pytest.raises(DataError) as info:
+        next(chunks)
+    assert str(info.value) == "<stdin>:3: read error (device gone)"
