@@ -201,3 +201,194 @@ def test_every_output_has_every_phrase_and_no_excluded_one(seed: int, includes, 
             assert len(out) <= cfg.max_len_b
             assert all(_contains(out, tuple(p)) for p in inc), (out, inc)
             assert not any(_contains(out, tuple(p)) for p in exc), (out, exc)
+
+
+# ------------------------------------------------- exact values: padding, state, masks, banks
+
+def test_pad_phrases_exact_ids_lengths_and_dtypes() -> None:
+    from aiayn.inference.constraints import _pad_phrases
+
+    ids, lengths = _pad_phrases([[[5, 6, 7], [8]], [[9]]])
+    assert ids.dtype == lengths.dtype == torch.long
+    assert ids.tolist() == [[[5, 6, 7], [8, -1, -1]], [[9, -1, -1], [-1, -1, -1]]]
+    assert lengths.tolist() == [[3, 1], [1, 0]]
+    ids, lengths = _pad_phrases([[[5]], [[6]]])  # one-token phrases: one column
+    assert ids.tolist() == [[[5]], [[6]]] and lengths.tolist() == [[1], [1]]
+    for sentences, shape in (([], (0, 0, 1)), ([[], []], (2, 0, 1))):
+        ids, lengths = _pad_phrases(sentences)
+        assert tuple(ids.shape) == shape and tuple(lengths.shape) == shape[:2]
+        assert ids.dtype == lengths.dtype == torch.long
+    # Integral ids given as floats (as JSON numbers may be) convert exactly, past float32's 2**24.
+    ids, _ = _pad_phrases([[[16777217.0, 5.0]]])
+    assert ids.tolist() == [[[16777217, 5]]]
+    with pytest.raises(ValueError, match=r"^a constraint phrase has no tokens$"):
+        _pad_phrases([[[5], []]])
+
+
+def test_lexical_constraint_defaults_to_eos_3_and_refuses_unequal_lists() -> None:
+    state = LexicalConstraint([[[5]]]).start(torch.tensor([0]), torch.tensor([9]))
+    lprobs = torch.zeros(1, 6)
+    state.mask(lprobs, 0)
+    assert lprobs.tolist() == [[0.0, 0.0, 0.0, -math.inf, 0.0, 0.0]]
+    with pytest.raises(ValueError, match=r"^2 sentences of include phrases, 1 of exclude phrases$"):
+        LexicalConstraint([[[5]], [[6]]], [[[7]]])
+
+
+def test_state_tensors_follow_the_device_of_max_len() -> None:
+    """The meta device (shapes only) shows where each tensor is made, on a machine without GPU."""
+    from aiayn.inference.constraints import _suffix_matches
+
+    con = LexicalConstraint([[[5, 6]]], [[[7, 8, 9]]], eos=EOS_ID)
+    state = con.start(torch.tensor([0, 0]), torch.tensor([5, 5], device="meta"))
+    for name in ("include", "include_len", "exclude", "exclude_len", "max_len", "recent", "met", "progress"):
+        assert getattr(state, name).device.type == "meta", name
+    assert [m.device.type for m in _suffix_matches(state.recent, state.include, 1)] == ["meta", "meta"]
+
+
+def test_suffix_matches_exact() -> None:
+    from aiayn.inference.constraints import _suffix_matches
+
+    out = _suffix_matches(torch.tensor([[-1, 5]]), torch.tensor([[[5, 6], [9, 5]]]), 2)
+    assert [m.tolist() for m in out] == [[[True, True]], [[True, False]], [[False, False]]]
+
+
+def test_state_keeps_the_last_tokens_as_wide_as_the_longest_phrase() -> None:
+    from aiayn.inference.constraints import LexicalState
+
+    state = LexicalConstraint([[[5]]], [[[7, 8, 9]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
+    assert state.recent.tolist() == [[-1, -1, -1]]
+    state.advance(torch.tensor([7]))
+    state.advance(torch.tensor([8]))
+    assert state.recent.tolist() == [[-1, 7, 8]]
+    lprobs = torch.zeros(1, VOCAB)
+    state.mask(lprobs, 2)
+    assert [i for i, v in enumerate(lprobs[0].tolist()) if v == -math.inf] == [EOS_ID, 9]
+    state = LexicalConstraint([[[5]]], [[[7]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
+    assert state.recent.tolist() == [[-1]]
+    none, no_len = torch.zeros(1, 0, 0, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long)
+    empty = LexicalState(none, no_len, none, no_len, torch.tensor([4]), EOS_ID)
+    assert empty.recent.tolist() == [[-1]]
+
+
+def test_progress_counts_toward_the_tokens_met() -> None:
+    state = LexicalConstraint([[[5, 6, 7]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
+    state.advance(torch.tensor([5]))
+    assert state._need().tolist() == [2]
+    assert state.met_tokens().tolist() == [1]
+
+
+def test_next_tokens_exact() -> None:
+    state = LexicalConstraint([[[5, 6], [8]]], eos=EOS_ID).start(torch.tensor([0, 0]), torch.tensor([9, 9]))
+    assert state.next_tokens().tolist() == [[5, -1, 8, -1]] * 2
+    state.advance(torch.tensor([5, 4]))
+    assert state.next_tokens().tolist() == [[5, 6, 8, -1], [5, -1, 8, -1]]
+    assert state.next_tokens(torch.tensor([0])).tolist() == [[5, 6, 8, -1]]
+    state.advance(torch.tensor([6, 8]))
+    assert state.next_tokens().tolist() == [[-1, -1, 8, -1], [5, -1, -1, -1]]
+
+
+def test_forced_mask_keeps_exactly_the_tokens_that_still_fit() -> None:
+    # Room for two more tokens, three unmet: only 1 (meets [1]) and 4 (starts [4, 5]) fit.
+    state = LexicalConstraint([[[1], [4, 5]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([3]))
+    lprobs = -torch.arange(1.0, 11.0, dtype=torch.float64)[None]
+    state.mask(lprobs, 0)
+    assert lprobs.dtype == torch.float64
+    assert lprobs.tolist() == [[-math.inf, -2.0] + [-math.inf] * 2 + [-5.0] + [-math.inf] * 5]
+    # A phrase of token 0 is forced like any other.
+    state = LexicalConstraint([[[0]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([1]))
+    lprobs = -torch.arange(1.0, 7.0)[None]
+    state.mask(lprobs, 0)
+    assert lprobs.tolist() == [[-1.0] + [-math.inf] * 5]
+
+
+class _BankStub:
+    """An allocating state with fixed answers: next tokens (R, N), total tokens (R,), and the
+    tokens met after (row, token) (0 where not listed)."""
+
+    def __init__(self, nxt: list[list[int]], total: list[int], met: dict[tuple[int, int], int]) -> None:
+        self.nxt, self.total, self.met = torch.tensor(nxt), torch.tensor(total), met
+
+    def next_tokens(self) -> torch.Tensor:
+        return self.nxt
+
+    def total_tokens(self) -> torch.Tensor:
+        return self.total
+
+    def met_after(self, rows: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([self.met.get((r, t), 0) for r, t in zip(rows.tolist(), tokens.tolist())])
+
+
+def _picked(live: _Beams) -> list[list[tuple[int, int, float]]]:
+    return [list(zip(b, t, s)) for b, t, s in zip(live.beam.tolist(), live.tok.tolist(), live.scores.tolist())]
+
+
+def _two_bank_case(n: int = 1):
+    """Beam 0 has three good tokens (bank 0); every row offers 7 (bank 1), which is poor."""
+    lprobs = torch.full((3 * n, VOCAB), -50.0)
+    lprobs[0::3, 4], lprobs[0::3, 5], lprobs[0::3, 6] = -0.125, -0.25, -0.375
+    lprobs[1::3, 7], lprobs[2::3, 7] = -5.0, -5.0
+    scores = torch.tensor([[0.0, -1.0, -2.0]] * n)
+    top = _Beams(torch.zeros(n, 3), torch.zeros(n, 3, dtype=torch.long), torch.tensor([[4, 5, 6]] * n))
+    return lprobs, scores, top
+
+
+@pytest.mark.parametrize("k_beam, expected", [
+    # Two banks: k // 2 each, the remainder to the highest bank.
+    (3, [(0, 4, -0.125), (1, 7, -6.0), (2, 7, -7.0)]),
+    (4, [(0, 4, -0.125), (0, 5, -0.25), (1, 7, -6.0), (2, 7, -7.0)]),
+    (1, [(1, 7, -6.0)]),  # beam 1: the one slot is the highest bank's
+    # 2 + 3: bank 1's third slot goes to its poor (0, 7) before bank 0's better (0, 6)
+    (5, [(0, 4, -0.125), (0, 5, -0.25), (1, 7, -6.0), (2, 7, -7.0), (0, 7, -50.0)]),
+])
+def test_allocated_exact_slots_per_bank(k_beam: int, expected) -> None:
+    lprobs, scores, top = _two_bank_case()
+    state = _BankStub([[7]] * 3, [1] * 3, {(0, 7): 1, (1, 7): 1, (2, 7): 1})
+    live = _Beams.allocated(lprobs, scores, top, state, k_beam, EOS_ID)
+    assert _picked(live) == [expected]
+
+
+def test_allocated_banks_each_sentence_by_its_own_counts() -> None:
+    lprobs, scores, top = _two_bank_case(2)
+    # Sentence 1 (rows 3-5) meets nothing with 7: all of its candidates are in bank 0.
+    state = _BankStub([[7]] * 6, [1] * 6, {(0, 7): 1, (1, 7): 1, (2, 7): 1})
+    live = _Beams.allocated(lprobs, scores, top, state, 3, EOS_ID)
+    assert _picked(live) == [[(0, 4, -0.125), (1, 7, -6.0), (2, 7, -7.0)],
+                             [(0, 4, -0.125), (0, 5, -0.25), (0, 6, -0.375)]]
+
+
+def test_allocated_more_banks_than_slots_and_an_empty_bank() -> None:
+    lprobs, scores, top = _two_bank_case()
+    # Four banks, two slots: banks 2 and 3 get one each; bank 2 is empty, so its slot goes to
+    # the best candidate left.
+    state = _BankStub([[7]] * 3, [3] * 3, {(1, 7): 3, (2, 7): 1})
+    live = _Beams.allocated(lprobs, scores, top, state, 2, EOS_ID)
+    assert _picked(live) == [[(1, 7, -6.0), (0, 4, -0.125)]]
+
+
+def test_allocated_drops_eos_and_pads_and_keeps_token_0() -> None:
+    lprobs = torch.full((2, 6), -50.0)
+    lprobs[0, 0], lprobs[0, EOS_ID], lprobs[0, 4] = -0.5, -0.1, -1.0
+    lprobs[1, 5] = -1.5
+    top = _Beams(torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.long), torch.tensor([[EOS_ID, 0, 4]]))
+    state = _BankStub([[-1], [-1]], [0, 0], {})
+    live = _Beams.allocated(lprobs, torch.zeros(1, 2), top, state, 3, EOS_ID)
+    assert _picked(live) == [[(0, 0, -0.5), (0, 4, -1.0), (1, 5, -1.5)]]
+
+
+def test_allocated_keeps_pairs_of_beams_apart_in_a_large_vocabulary() -> None:
+    """Two beams offering the same token of a 32768-token vocabulary are two candidates."""
+    lprobs = torch.full((2, 32768), -50.0)
+    lprobs[:, 32767] = -1.0
+    top = _Beams(torch.zeros(1, 2), torch.tensor([[0, 1]]), torch.tensor([[32767, 32767]]))
+    live = _Beams.allocated(lprobs, torch.zeros(1, 2), top, _BankStub([[-1], [-1]], [0, 0], {}), 2, EOS_ID)
+    assert _picked(live) == [[(0, 32767, -1.0), (1, 32767, -1.0)]]
+
+
+def test_allocated_breaks_ties_by_candidate_order() -> None:
+    """Equal scores: the earlier candidate (and a pair's first copy) wins, in a list long
+    enough that an unstable sort would reorder it."""
+    top_tok = [0] + list(range(31, 4, -1)) * 2
+    top = _Beams(torch.zeros(1, len(top_tok)), torch.zeros(1, len(top_tok), dtype=torch.long), torch.tensor([top_tok]))
+    state = _BankStub([[-1] * 20], [0], {})
+    live = _Beams.allocated(torch.zeros(1, 32), torch.zeros(1, 1), top, state, 6, EOS_ID)
+    assert _picked(live) == [[(0, t, 0.0) for t in (0, 31, 30, 29, 28, 27)]]
