@@ -230,8 +230,8 @@ def server(loop: ClockLoop) -> Server:
 def test_raw_error_is_a_complete_json_response_that_closes() -> None:
     assert raw_error(408, "Request Timeout", "request_timeout", "the request headers did not arrive within 8 s") \
         == HEADER_408
-    assert raw_error(418, "I'm a teapot", "teapot", "short and stout") == (
-        b"HTTP/1.1 418 I'm a teapot\r\ncontent-type: application/json\r\ncontent-length: 49\r\n"
+    assert raw_error(429, "Too Many Requests", "teapot", "short and stout") == (
+        b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: 49\r\n"
         b'connection: close\r\n\r\n{"error": "teapot", "message": "short and stout"}')
 
 
