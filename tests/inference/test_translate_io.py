@@ -674,3 +674,154 @@ def test_stream_chunks_read_error_names_stdin_and_the_line() -> None:
     with pytest.raises(DataError) as info:
         next(chunks)
     assert str(info.value) == "<stdin>:3: read error (device gone)"
+
+
+# ------------------------------------------------- the partial output's files and messages
+
+
+def test_partial_output_without_resume_replaces_what_an_earlier_run_left(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    identity = {"input": "abc"}
+    partial.write_bytes(b"one\ntwo\n")
+    state_file.write_text(_state_text(identity, 2, 8), encoding="utf-8")
+    output = translate_io.PartialOutput(out, identity)
+    assert (output.lines, output.bytes, output.replaced) == (0, 0, True)
+    assert partial.read_bytes() == b""
+    assert state_file.read_text(encoding="utf-8") == _state_text(identity, 0, 0)
+    output.finish()
+    assert out.read_bytes() == b""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+@pytest.mark.parametrize(("content", "state", "replaced"), [
+    (None, False, False),
+    (b"", False, False),
+    (b"x", False, True),
+    (b"", True, True),
+    (b"x\n", True, True),
+], ids=["nothing", "empty", "one-byte", "empty-with-state", "both"])
+def test_partial_output_says_whether_it_replaced_anything(tmp_path: Path, content: bytes | None, state: bool,
+                                                          replaced: bool) -> None:
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    if content is not None:
+        partial.write_bytes(content)
+    if state:
+        state_file.write_text(_state_text({"input": "abc"}, 1, 2), encoding="utf-8")
+    output = translate_io.PartialOutput(out)
+    assert output.replaced is replaced
+    assert partial.read_bytes() == b""
+    output.finish()
+    assert out.read_bytes() == b""
+
+
+def test_partial_output_resumed_has_replaced_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    identity = {"input": "abc"}
+    fresh = translate_io.PartialOutput(out, identity, resume=True)
+    assert (fresh.lines, fresh.bytes) == (0, 0) and fresh.replaced is False
+    fresh.write(b"one\n", 1)
+    fresh._close()
+    resumed = translate_io.PartialOutput(out, identity, resume=True)
+    assert (resumed.lines, resumed.bytes) == (1, 4) and resumed.replaced is False
+    resumed.finish()
+    assert out.read_bytes() == b"one\n"
+
+
+def test_partial_output_counts_and_records_every_chunk(tmp_path: Path, monkeypatch) -> None:
+    """Each chunk is fsynced before the state counts it; the state itself is not fsynced
+    (a state behind its file only costs rewriting a chunk)."""
+    out = tmp_path / "out.txt"
+    partial, state_file = _partial_state(out)
+    identity = {"source": "abc", "beam": 4, "alpha": 0.6}
+    output = translate_io.PartialOutput(out, identity)
+    assert state_file.read_text(encoding="utf-8") == _state_text(identity, 0, 0)
+    synced: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), fsync(fd))[1])
+    output.write(b"one\ntwo\n", 2)
+    output.write(b"three\n", 1)
+    assert synced == [output._f.fileno()] * 2
+    assert (output.lines, output.bytes) == (3, 14)
+    assert partial.read_bytes() == b"one\ntwo\nthree\n"
+    assert state_file.read_text(encoding="utf-8") == (
+        '{\n "bytes": 14,\n "identity": {\n  "alpha": 0.6,\n  "beam": 4,\n  "source": "abc"\n },\n "lines": 3\n}\n')
+    output.finish()
+    assert out.read_bytes() == b"one\ntwo\nthree\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_partial_output_without_identity_keeps_no_state(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    output = translate_io.PartialOutput(out)
+    output.write(b"one\n", 1)
+    assert not _partial_state(out)[1].exists()
+    output.finish()
+    assert out.read_bytes() == b"one\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_partial_output_is_created_readable_and_writable_as_the_umask_allows(tmp_path: Path) -> None:
+    out = tmp_path / "out.txt"
+    umask = os.umask(0o022)
+    try:
+        output = translate_io.PartialOutput(out)
+    finally:
+        os.umask(umask)
+    output.finish()
+    assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_partial_output_lock_names_the_flag(tmp_path: Path) -> None:
+    pytest.importorskip("fcntl", reason="platform: no fcntl (not POSIX)")
+    from aiayn.errors import AiaynError
+
+    out = tmp_path / "out.txt"
+    first = translate_io.PartialOutput(out)
+    try:
+        for flag, kwargs in (("--output", {}), ("-o", {"flag": "-o"})):
+            with pytest.raises(AiaynError) as info:
+                translate_io.PartialOutput(out, **kwargs)
+            assert str(info.value).startswith(f"{flag} {out}: is being written by another run (pid {os.getpid()}")
+    finally:
+        first.abort()
+
+
+@pytest.mark.parametrize(("kwargs", "flag"), [({}, "--output"), ({"flag": "-o"}, "-o")])
+def test_partial_output_that_cannot_be_opened_is_one_error(tmp_path: Path, kwargs: dict, flag: str) -> None:
+    from aiayn.errors import AiaynError
+
+    out = tmp_path / "out.txt"
+    partial, _ = _partial_state(out)
+    partial.mkdir()
+    with pytest.raises(AiaynError) as info:
+        translate_io.PartialOutput(out, **kwargs)
+    assert str(info.value) == f"{flag} {out}: cannot write {partial} (Is a directory)"
+    partial.rmdir()
+    translate_io.PartialOutput(out).finish()  # the output's lock was let go
+    assert out.read_bytes() == b""
+
+
+def test_partial_output_on_a_full_disk_names_the_partial(tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    from aiayn.errors import EnvironmentFailure
+
+    out = tmp_path / "out.txt"
+    partial, _ = _partial_state(out)
+    real_open = os.open
+
+    def full_disk(path, *args, **kwargs):
+        if Path(path) == partial:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_disk)
+    with pytest.raises(EnvironmentFailure) as info:
+        translate_io.PartialOutput(out, {"input": "abc"})
+    assert str(info.value) == f"no space left on device writing {partial}; {out} is unchanged"
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+    translate_io.PartialOutput(out).finish()  # the output's lock was let go
+    assert out.read_bytes() == b""
