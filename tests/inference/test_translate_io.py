@@ -825,3 +825,69 @@ def test_partial_output_on_a_full_disk_names_the_partial(tmp_path: Path, monkeyp
     assert list(tmp_path.iterdir()) == []
     translate_io.PartialOutput(out).finish()  # the output's lock was let go
     assert out.read_bytes() == b""
+
+
+# ------------------------------------------------------------------ reading the input
+
+
+def test_text_lines_keep_spaces_and_drop_only_the_line_end(tmp_path: Path) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"  a b  \r\n\tc\t\n \n")
+    assert list(translate_io.text_lines(path, "error")) == ["  a b  ", "\tc\t", " "]
+
+
+def _bad_utf8_file(tmp_path: Path) -> Path:
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"one\nt\xffo\n")
+    return path
+
+
+def test_text_lines_error_names_the_line_and_the_hint(tmp_path: Path) -> None:
+    path = _bad_utf8_file(tmp_path)
+    where = f"{path}:2: invalid UTF-8 at byte 1 of the line (byte 5 of the file): invalid start byte"
+    with pytest.raises(DataError) as info:
+        list(translate_io.text_lines(path, "error"))
+    assert str(info.value) == where
+    with pytest.raises(DataError) as info:
+        list(translate_io.text_lines(path, "error", "use --on-invalid-utf8 replace"))
+    assert str(info.value) == f"{where}; use --on-invalid-utf8 replace"
+    assert list(translate_io.text_lines(path, "replace")) == ["one", "t\ufffdo"]
+
+
+def test_scan_text_file_error_names_the_line_and_the_hint(tmp_path: Path) -> None:
+    path = _bad_utf8_file(tmp_path)
+    where = f"{path}:2: invalid UTF-8 at byte 1 of the line (byte 5 of the file): invalid start byte"
+    with pytest.raises(DataError) as info:
+        translate_io.scan_text_file(path, "error")
+    assert str(info.value) == where
+    with pytest.raises(DataError) as info:
+        translate_io.scan_text_file(path, "error", hint="use --on-invalid-utf8 replace")
+    assert str(info.value) == f"{where}; use --on-invalid-utf8 replace"
+
+
+def test_scan_text_file_counts_and_hashes_the_decoded_lines(tmp_path: Path) -> None:
+    import hashlib
+
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"caf\xc3\xa9\r\nt\xffo\nlast")
+    scan = translate_io.scan_text_file(path, "replace")
+    assert scan == translate_io.TextScan(3, hashlib.sha256("caf\u00e9\nt\ufffdo\nlast\n".encode()).hexdigest())
+
+
+def test_scan_text_file_checks_ten_thousand_lines_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"x\n" * 10_001)
+    seen: list[tuple[int, int]] = []
+    scan = translate_io.scan_text_file(path, "error", check=lambda chunk, first: seen.append((len(chunk), first)))
+    assert scan.lines == 10_001 and seen == [(10_000, 1), (1, 10_001)]
+    seen.clear()
+    translate_io.scan_text_file(path, "error", size=4_000, check=lambda chunk, first: seen.append((len(chunk), first)))
+    assert seen == [(4_000, 1), (4_000, 4_001), (2_001, 8_001)]
+
+
+def test_checkpoint_identity_of_a_directory_without_manifest(tmp_path: Path) -> None:
+    from aiayn.errors import CheckpointError
+
+    with pytest.raises(CheckpointError) as info:
+        translate_io.checkpoint_identity([tmp_path / "missing"])
+    assert str(info.value) == f"{tmp_path / 'missing'}: cannot read checksums.sha256 (No such file or directory)"
