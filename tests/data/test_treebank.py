@@ -517,3 +517,19 @@ def test_prepare_parsing_data_failure_is_not_masked_by_the_cleanup(
         prepare_parsing_data(prepared[3], tmp_path / "p", SMALL_CFG, progress=False)
     assert str(e.value) == f"{prepared[3]}: no trees"
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_ptb
+def test_write_parsing_text_substitutions_default_to_rate_one_half_and_seed_one(tmp_path: Path) -> None:
+    ptb, splits = _three_files(tmp_path)
+    default, explicit = tmp_path / "default", tmp_path / "explicit"
+    summary = write_parsing_text(ptb, default, splits=splits, target="words", substitutions=2)
+    assert summary == write_parsing_text(ptb, explicit, splits=splits, target="words", substitutions=2,
+                                         substitution_rate=0.5, seed=1)
+    assert summary["substituted"] == 2 * 3
+    trees = read_trees(default / "train.gold.txt")
+    expected = substituted(trees, 2, 0.5, trees, seed=1)
+    src = (default / "train.src.txt").read_text(encoding="utf-8").splitlines()
+    assert src[3:] == [" ".join(t.leaves()) for t in expected] and src[3:] != src[:3] * 2
+    for name in ("train.src.txt", "train.tgt.txt", "train.gold.txt", "test.src.txt"):
+        assert (default / name).read_bytes() == (explicit / name).read_bytes()
