@@ -166,9 +166,11 @@ def _drop(name):
      "{manifest}:2: malformed line 'abc  model.safetensors'"),
     (lambda lines: lines[:2] + [f"{'0' * 64} gone.txt"], "{manifest}:3: malformed line '" + "0" * 64 + " gone.txt'"),
     (lambda lines: lines + [f"{'0' * 64}  a\0b"], "{manifest}:4: 'a\\x00b' is outside the checkpoint directory"),
+    (lambda lines: lines + [next(line for line in lines if line.endswith("  model.safetensors"))],
+     "{manifest}:4: 'model.safetensors' is listed twice"),
     (_drop("model.safetensors"), "{ck}: model.safetensors is not listed in checksums.sha256"),
     (_drop("state.json"), "{ck}: state.json is not listed in checksums.sha256"),
-], ids=["missing", "name-too-long", "short-digest", "one-space", "nul", "no-model", "no-state"])
+], ids=["missing", "name-too-long", "short-digest", "one-space", "nul", "twice", "no-model", "no-state"])
 def test_manifest_problems_are_named(tmp_path, make_cfg, edit, message):
     cfg = make_cfg()
     path = save_checkpoint(tmp_path / "ck", build_model(cfg.model), cfg)

@@ -53,3 +53,13 @@ def test_random_fills_are_skipped_only_inside_and_only_on_its_thread(make_cfg):
     torch.manual_seed(0)
     after = build_model(cfg.model).state_dict()
     assert all(torch.equal(after[k], v) for k, v in expected.items())
+
+
+def test_a_skipped_fill_returns_its_tensor_as_the_fill_would():
+    """Code that uses a fill's result (``w = normal_(w, 0, std)``) gets the same tensor back."""
+    t = torch.zeros(3)
+    with without_random_init():
+        assert torch.nn.init.normal_(t, 0.0, 0.02) is t
+        assert torch.nn.init.uniform_(t, -0.1, 0.1) is t
+        assert t.normal_(0.0, 1.0) is t
+    assert torch.equal(t, torch.zeros(3))
