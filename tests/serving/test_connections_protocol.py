@@ -227,6 +227,13 @@ def server(loop: ClockLoop) -> Server:
 # ------------------------------------------------------------------------ building blocks
 
 
+
+def _open_until(server: Server, transport: FakeTransport, deadline: float) -> None:
+    """The connection is still open a millisecond before ``deadline``; the loop then reaches it."""
+    server.loop.advance_to(deadline - 0.001)
+    assert transport.closes == 0
+    server.loop.advance_to(deadline)
+
 def test_raw_error_is_a_complete_json_response_that_closes() -> None:
     assert raw_error(408, "Request Timeout", "request_timeout", "the request headers did not arrive within 8 s") \
         == HEADER_408
@@ -309,9 +316,7 @@ def test_open_connections_are_counted_up_and_down(server: Server) -> None:
 def test_a_silent_connection_is_closed_at_the_header_deadline_without_an_answer(server: Server) -> None:
     proto, transport = server.connect()
     assert server.waiting == {proto: T0}
-    server.loop.advance_to(7.999)
-    assert transport.closes == 0
-    server.loop.advance_to(8.0)
+    _open_until(server, transport, 8.0)
     assert (transport.sent, transport.closes) == (b"", 1)
     assert server.counts() == {f"{TIMEOUTS}{{phase=headers}}": 1.0}
     assert server.waiting == {} and proto._timer is None  # not evictable while it closes
@@ -414,9 +419,7 @@ def test_the_next_request_on_a_kept_alive_connection_has_its_headers_due_from_it
     server.loop.advance_to(30.0)  # idle past the header timeout, within keep-alive
     server.receive(proto, b"GET /b HTTP/1.1\r\n")
     assert server.waiting == {}
-    server.loop.advance_to(37.999)
-    assert transport.closes == 0
-    server.loop.advance_to(38.0)
+    _open_until(server, transport, 38.0)
     assert (transport.sent, transport.closes) == (ok("GET", "/a") + HEADER_408, 1)
     assert server.counts() == {f"{TIMEOUTS}{{phase=headers}}": 1.0}
 
@@ -426,9 +429,7 @@ def test_the_next_request_on_a_kept_alive_connection_has_the_body_deadline(serve
     server.receive(proto, GET_A)
     server.loop.advance_to(30.0)
     server.receive(proto, POST_HEAD)
-    server.loop.advance_to(49.999)
-    assert transport.closes == 0
-    server.loop.advance_to(50.0)
+    _open_until(server, transport, 50.0)
     assert (transport.sent, transport.closes) == (ok("GET", "/a") + BODY_408, 1)
     assert server.counts() == {f"{TIMEOUTS}{{phase=body}}": 1.0}
 
@@ -439,9 +440,7 @@ def test_a_request_answered_on_a_kept_alive_connection_keeps_it_alive_again(serv
     server.loop.advance_to(40.0)
     server.receive(proto, GET_C)
     assert transport.sent == ok("GET", "/a") + ok("GET", "/c")
-    server.loop.advance_to(84.999)  # keep-alive counts from the second answer
-    assert transport.closes == 0
-    server.loop.advance_to(85.0)
+    _open_until(server, transport, 85.0)  # keep-alive counts from the second answer
     assert transport.closes == 1 and server.counts() == {f"{TIMEOUTS}{{phase=idle}}": 1.0}
 
 
@@ -453,9 +452,7 @@ def test_a_request_pipelined_behind_an_answer_has_its_headers_due_from_the_answe
     server.gate.set()
     server.loop.run_ready()
     assert transport.sent == ok("GET", "/a") and server.waiting == {}
-    server.loop.advance_to(10.999)
-    assert transport.closes == 0
-    server.loop.advance_to(11.0)
+    _open_until(server, transport, 11.0)
     assert (transport.sent, transport.closes) == (ok("GET", "/a") + HEADER_408, 1)
     assert server.counts() == {f"{TIMEOUTS}{{phase=headers}}": 1.0}
 
