@@ -188,3 +188,21 @@ def test_cpu_flags_read_cpuinfo_once(monkeypatch: pytest.MonkeyPatch, tmp_path):
         assert runtime.cpu_flags() <= set(runtime._TORCH_CPU_PROBES)  # elsewhere: torch's probes alone
     finally:
         runtime.cpu_flags.cache_clear()
+
+
+def test_one_thread_here_sets_one_thread_and_restores_the_count_even_on_error():
+    import torch
+
+    from aiayn.runtime import one_thread_here
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        with one_thread_here():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3
+        with pytest.raises(KeyError), one_thread_here():
+            raise KeyError("x")
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -16,12 +16,14 @@ Set ``AIAYN_MALLOC=system`` to keep the C library's defaults.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -269,6 +271,27 @@ def set_threads(requested: int | None = None, field: str = "--threads") -> int:
 
         torch.set_num_threads(threads)
     return threads
+
+
+@contextlib.contextmanager
+def one_thread_here() -> Iterator[None]:
+    """Run the block's torch ops on the calling thread alone, then restore the thread count.
+
+    For work done once on a thread before another thread takes over the model (a server
+    loads on its main thread; its batcher's thread decodes). libgomp, the OpenMP of torch's
+    x86 builds, gives each thread that runs a parallel op a team of helper threads that
+    lives on; once the helpers of all teams outnumber the cores, every team stops spinning
+    between ops and sleeps instead, and a decoding step's hundreds of small ops each wait
+    for a wake-up. Work on one thread creates no team.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def resolve_device(preference: str | torch.device, local_rank: int = 0, field: str = "--device") -> torch.device:

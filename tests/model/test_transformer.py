@@ -82,6 +82,50 @@ def test_cache_reproduces_full_decode(overrides: dict) -> None:
         model.decode_step(tgt[:, 0], cache)
 
 
+def test_cache_grows_past_its_first_buffer_and_keeps_every_position() -> None:
+    """40 steps with beam-like reorders before, at and after each doubling (16 -> 32 -> 40
+    positions) equal the full decode of the reordered rows."""
+    model = _model()
+    g = torch.Generator().manual_seed(3)
+    src = _batch()[0]
+    tgt = torch.randint(4, 64, (3, 40), generator=g)
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        cache = model.init_cache(memory, mask, max_len=40)
+        assert cache.layers[0].self_k.size(2) == 16
+        rows = torch.arange(3)  # which original row each cache row now follows
+        sizes = []
+        for t in range(40):
+            if t in (5, 16, 17, 32):
+                index = torch.tensor([2, 0, 1])
+                cache.reorder(index)
+                rows = rows[index]
+            fed = tgt[rows]
+            full, _ = model.decode(fed[:, :t + 1], memory[rows], mask[rows])
+            step, _ = model.decode_step(fed[:, t], cache)
+            assert (step - full[:, t]).abs().max() <= 1e-5, t
+            sizes.append(cache.layers[0].self_k.size(2))
+    assert sizes[15] == 16 and sizes[16] == 32 and sizes[31] == 32 and sizes[32] == 40
+    assert all(c.self_k.size(2) == 40 and c.self_v.size(2) == 40 for c in cache.layers)
+
+
+def test_cache_reserve_holds_the_asked_positions_at_most_max_len() -> None:
+    model = _model()
+    src = _batch()[0]
+    with torch.no_grad():
+        memory, mask = model.encode(src)
+        short = model.init_cache(memory, mask, max_len=6)
+        long = model.init_cache(memory, mask, max_len=100)
+        model.decode_step(torch.tensor([5, 6, 7]), long)
+        kept = long.layers[1].self_v[:, :, :1].clone()
+        long.reserve(50)
+        short.reserve(50)
+    assert short.layers[0].self_k.size(2) == 6  # never past max_len
+    assert [c.self_k.size(2) for c in long.layers] == [50] * len(long.layers)
+    assert torch.equal(long.layers[1].self_v[:, :, :1], kept)
+    assert not long.layers[1].self_v[:, :, 1:].any()  # zeros past the filled prefix
+
+
 def test_decode_step_without_projection_returns_the_decoder_states() -> None:
     model = _model(share_embeddings="none", output_bias=True)
     src, tgt = _batch()

@@ -185,3 +185,33 @@ def test_compile_compiles_one_sentence_and_a_batch_before_serving(monkeypatch: p
     made.clear()
     serve._translator(parse(), torch.device("cpu"))
     assert made == {"path": "ck", "compile": False}
+
+
+def test_the_model_loads_on_one_thread_and_the_thread_count_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the batcher's thread gets a thread team (runtime.one_thread_here); compiling
+    before serving runs with the configured threads again."""
+    from aiayn.inference.translator import Translator
+
+    seen: dict = {}
+
+    class Recording:
+        def translate(self, texts):
+            seen.setdefault("compile_threads", torch.get_num_threads())
+            return texts
+
+        def record_compiled(self):
+            pass
+
+    def from_checkpoint(path, device, dtype, compile):
+        seen["load_threads"] = torch.get_num_threads()
+        return Recording()
+
+    monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(from_checkpoint))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        serve._translator(parse("--compile"), torch.device("cpu"))
+        assert seen == {"load_threads": 1, "compile_threads": 2}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

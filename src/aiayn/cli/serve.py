@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiayn.cli import options
 from aiayn.errors import AiaynError
+from aiayn.runtime import one_thread_here
 
 if TYPE_CHECKING:
     import torch
@@ -197,8 +198,9 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
     from aiayn.inference.translator import Translator
 
     dtype = options.dtype(args, device)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
-                                            compile=args.compile == "on")
+    with one_thread_here():  # the batcher's thread decodes, and only it should need a thread team
+        translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
+                                                compile=args.compile == "on")
     options.say_dtype(dtype)
     if args.compile == "on":
         _compile_now(translator)

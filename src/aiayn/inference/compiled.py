@@ -162,6 +162,7 @@ class IndexedKVCache(KVCache):
     """
 
     def __init__(self, cache: KVCache) -> None:
+        cache.reserve(cache.max_len)  # the compiled step reads every position, unfilled ones masked
         super().__init__(cache.layers, cache.src_mask, cache.max_len, cache.group_size)
         for c in self.layers:
             # The layout a regrouping (index_select) gives them: new strides would recompile the step.

@@ -22,9 +22,11 @@ def scaled_dot_product_attention(
     kernel (flash / memory-efficient on GPUs); with it, the explicit formula, returning
     the output (B, H, T, d_v) and the probabilities (B, H, T, S) as well (0 on masked keys, rows summing to 1).
 
-    On a CPU in bf16/fp16 the explicit formula also serves when no weights are wanted:
-    PyTorch's CPU flash kernel is slower there for translation-length sequences (forward
-    and backward), while two batched matmuls run on the bf16 matrix units.
+    On a CPU the explicit formula also serves when no weights are wanted in bf16/fp16
+    (PyTorch's CPU flash kernel is slower there for translation-length sequences, forward
+    and backward, while two batched matmuls run on the bf16 matrix units) and in fp32
+    without gradients (decoding: the flash kernel's per-block overhead dominates a step's
+    few queries). fp32 training keeps the flash kernel, faster forward and backward.
     """
     if not need_weights and not _explicit_is_faster(q):
         out = F.scaled_dot_product_attention(
@@ -45,8 +47,10 @@ def scaled_dot_product_attention(
 
 def _explicit_is_faster(q: Tensor) -> bool:
     # Decoding steps included (one query per row; a beam's K over shared cross-attention
-    # keys): the CPU flash kernel is slower there too in bf16.
-    return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
+    # keys): the CPU flash kernel is slower there in every dtype.
+    if q.device.type != "cpu":
+        return False
+    return q.dtype in (torch.bfloat16, torch.float16) or not q.requires_grad
 
 
 class MultiHeadAttention(nn.Module):

@@ -1,8 +1,10 @@
 """The decoder's key/value cache for incremental decoding.
 
-Allocated once per batch of sources: self-attention keys/values get a fixed-size buffer
-of ``max_len`` positions that fills one step at a time; cross-attention keys/values are
-computed once from the encoder output and reused at every step. Beam search calls
+Allocated once per batch of sources: self-attention keys/values get a buffer that fills
+one step at a time, up to ``max_len`` positions; it starts short (most outputs end long
+before the length bound) and doubles when full, so a batch does not allocate and clear
+memory for positions it never reaches. Cross-attention keys/values are computed once from
+the encoder output and reused at every step. Beam search calls
 :meth:`KVCache.reorder` to follow the surviving hypotheses (and to drop finished
 sentences: the index may be shorter than the batch).
 
@@ -25,15 +27,25 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+INITIAL_POSITIONS = 16  # a new cache's self-attention buffers hold this many (at most max_len)
+
 
 @dataclass
 class LayerCache:
-    self_k: Tensor  # (R, H, max_len, d_k)
-    self_v: Tensor  # (R, H, max_len, d_v)
+    self_k: Tensor  # (R, H, P, d_k): P positions held, P <= max_len
+    self_v: Tensor  # (R, H, P, d_v)
     cross_k: Tensor  # (N, H, S, d_k): one per source group (N = R / group_size)
     cross_v: Tensor  # (N, H, S, d_v)
     spare_k: Tensor | None = None  # the other half of the double buffer (>= R rows)
     spare_v: Tensor | None = None
+
+
+def _longer(buf: Tensor, positions: int, filled: int) -> Tensor:
+    """``buf`` (R, H, P, d) with room for ``positions``; its first ``filled`` positions kept."""
+    # zeros, not empty: see KVCache._gather.
+    out = torch.zeros(buf.shape[:2] + (positions,) + buf.shape[3:], dtype=buf.dtype, device=buf.device)
+    out[:, :, :filled] = buf[:, :, :filled]
+    return out
 
 
 def _grouping(sources: Tensor) -> tuple[Tensor, int] | None:
@@ -65,11 +77,12 @@ class KVCache:
     def allocate(cls, cross_kv: list[tuple[Tensor, Tensor]], src_mask: Tensor,
                  max_len: int) -> KVCache:
         layers = []
+        positions = min(max_len, INITIAL_POSITIONS)
         for k, v in cross_kv:  # (B, H, S, d_k), (B, H, S, d_v)
             b, h = k.shape[:2]
             layers.append(LayerCache(
-                self_k=torch.zeros((b, h, max_len, k.size(-1)), dtype=k.dtype, device=k.device),
-                self_v=torch.zeros((b, h, max_len, v.size(-1)), dtype=v.dtype, device=v.device),
+                self_k=torch.zeros((b, h, positions, k.size(-1)), dtype=k.dtype, device=k.device),
+                self_v=torch.zeros((b, h, positions, v.size(-1)), dtype=v.dtype, device=v.device),
                 cross_k=k, cross_v=v,
             ))
         return cls(layers, src_mask, max_len)
@@ -84,9 +97,21 @@ class KVCache:
         ones, (R, H, t+1, d_k) and (R, H, t+1, d_v)."""
         self.check_room()
         c = self.layers[layer]
+        if self.length >= c.self_k.size(2):
+            self._grow(c, min(self.max_len, 2 * c.self_k.size(2)))
         c.self_k[:, :, self.length] = k[:, :, 0]
         c.self_v[:, :, self.length] = v[:, :, 0]
         return c.self_k[:, :, :self.length + 1], c.self_v[:, :, :self.length + 1]
+
+    def reserve(self, positions: int) -> None:
+        """Make every layer's buffers hold at least ``positions`` (at most ``max_len``)."""
+        for c in self.layers:
+            if c.self_k.size(2) < positions:
+                self._grow(c, min(self.max_len, positions))
+
+    def _grow(self, c: LayerCache, positions: int) -> None:
+        c.self_k, c.self_v = _longer(c.self_k, positions, self.length), _longer(c.self_v, positions, self.length)
+        c.spare_k = c.spare_v = None  # the spare half is reallocated at the new length when needed
 
     def check_room(self) -> None:
         """Raise unless one more position fits (a full cache must not overwrite its last one)."""
@@ -141,7 +166,7 @@ class KVCache:
         """Rows ``index`` of ``buf``'s filled prefix, written into the spare buffer (a view of
         its first rows; a new one when the batch grows). Returns (new buffer, new spare)."""
         rows = index.numel()
-        if spare is None or spare.size(0) < rows:
+        if spare is None or spare.size(0) < rows or spare.shape[2:] != buf.shape[2:]:
             # zeros, not empty: past the prefix a buffer then only ever holds finite values,
             # which a step that attends over every position with the unfilled ones masked
             # needs (a masked weight is 0, and 0 x NaN garbage would be NaN).
