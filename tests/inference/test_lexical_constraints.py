@@ -358,11 +358,30 @@ def test_allocated_banks_each_sentence_by_its_own_counts() -> None:
 
 def test_allocated_more_banks_than_slots_and_an_empty_bank() -> None:
     lprobs, scores, top = _two_bank_case()
-    # Four banks, two slots: banks 2 and 3 get one each; bank 2 is empty, so its slot goes to
-    # the best candidate left.
+    # Four banks, two slots: bank 2 is empty, so the slots go to the best of banks 3 and 1,
+    # not to the likelier candidates of bank 0; a third slot reaches bank 0.
     state = _BankStub([[7]] * 3, [3] * 3, {(1, 7): 3, (2, 7): 1})
     live = _Beams.allocated(lprobs, scores, top, state, 2, EOS_ID)
-    assert _picked(live) == [[(1, 7, -6.0), (0, 4, -0.125)]]
+    assert _picked(live) == [[(1, 7, -6.0), (2, 7, -7.0)]]
+    live = _Beams.allocated(lprobs, scores, top, state, 3, EOS_ID)
+    assert _picked(live) == [[(0, 4, -0.125), (1, 7, -6.0), (2, 7, -7.0)]]
+
+
+def test_allocated_deals_stripes_over_the_non_empty_banks() -> None:
+    """Seven candidates in banks 0, 1 and 4 of six (total 5): slots go to the best of banks
+    4, 1, 0, then the second best of each, whatever their scores."""
+    lprobs = torch.full((3, VOCAB), -50.0)
+    lprobs[0, 4], lprobs[0, 5], lprobs[0, 6] = -0.125, -0.25, -0.375
+    lprobs[1, 7], lprobs[2, 7], lprobs[1, 6] = -5.0, -6.0, -9.0
+    scores = torch.tensor([[0.0, -1.0, -2.0]])
+    top = _Beams(torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.long), torch.tensor([[4, 5, 6]]))
+    met = {(1, 7): 4, (2, 7): 1, (1, 6): 4, (0, 7): 1}
+    state = _BankStub([[7], [6], [7]], [5] * 3, met)
+    expected_order = [(1, 7, -6.0), (2, 7, -8.0), (0, 4, -0.125), (1, 6, -10.0), (0, 7, -50.0), (0, 5, -0.25)]
+    for k_beam in range(1, 7):
+        live = _Beams.allocated(lprobs, scores, top, state, k_beam, EOS_ID)
+        chosen = sorted(expected_order[:k_beam], key=lambda c: -c[2])
+        assert _picked(live) == [chosen], k_beam
 
 
 def test_allocated_drops_eos_and_pads_and_keeps_token_0() -> None:

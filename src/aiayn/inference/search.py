@@ -500,14 +500,18 @@ class _Beams(NamedTuple):
     @staticmethod
     def allocated(lprobs: Tensor, scores: Tensor, top: _Beams, state: AllocatingState, k_beam: int,
                   eos: int) -> _Beams:
-        """The ``k_beam`` live candidates by dynamic beam allocation (Post & Vilar 2018).
+        """The ``k_beam`` live candidates by dynamic beam allocation (Post & Vilar 2018), the
+        slots dealt in stripes over the banks that have candidates (Hu et al. 2019).
 
         Candidates: the best ones (``top``), each row's best token, and each row's next
         constraint tokens (each (beam, token) pair once, EOS excluded). They are put in banks
-        by the constraint tokens they have met (0 to the sentence's total, T); each of the
-        T + 1 banks is given ``k_beam // (T + 1)`` slots, the remainder going to the highest
-        banks; each bank fills its slots with its best candidates, and slots left (a bank with
-        too few) go to the best candidates not yet chosen. The order is not by score.
+        by the constraint tokens they have met (0 to the sentence's total). The slots go
+        round the non-empty banks, highest first: the best candidate of each, then the second
+        best of each, and so on; candidates with no finite score come last. Dealing only to
+        non-empty banks matters when there are more banks than slots: a fixed share per bank
+        would leave the slots of the (early on, empty) high banks to the likeliest candidates,
+        and a phrase would be started only when the length bound forces it. The chosen ones
+        come best first.
         """
         n, k = scores.shape
         dev = lprobs.device
@@ -528,16 +532,15 @@ class _Beams(NamedTuple):
         total = state.total_tokens().view(n, k)[:, 0]  # (n,)
         bank = state.met_after(rows.reshape(-1), tok.reshape(-1)).view(n, -1).clamp(min=0)
         bank = torch.minimum(bank, total[:, None])
-        n_banks = total + 1
-        base = torch.div(k_beam, n_banks, rounding_mode="floor")
-        extra = k_beam - base * n_banks
-        quota = base[:, None] + (bank >= (n_banks - extra)[:, None]).long()
+        n_banks = int(total.max()) + 1
         cand_sorted, order = cand.sort(dim=1, descending=True, stable=True)
         bank_sorted = bank.gather(1, order)
-        onehot = F.one_hot(bank_sorted, int(n_banks.max()))  # (n, M, banks)
+        onehot = F.one_hot(bank_sorted, n_banks)  # (n, M, banks)
         rank = (onehot.cumsum(dim=1) * onehot).sum(dim=2) - 1  # within its bank, by score
-        first = (rank < quota.gather(1, order)) & torch.isfinite(cand_sorted)
-        pick = (~first).long().argsort(dim=1, stable=True)[:, :k_beam]
+        # Stripe r holds each bank's r-th best, highest bank first.
+        stripe = rank * n_banks + (n_banks - 1 - bank_sorted)
+        stripe = stripe.masked_fill(~torch.isfinite(cand_sorted), cand.size(1) * n_banks)
+        pick = stripe.argsort(dim=1, stable=True)[:, :k_beam].sort(dim=1).values  # best first
         chosen = order.gather(1, pick)
         return _Beams(cand.gather(1, chosen), beam.gather(1, chosen), tok.gather(1, chosen))
 
