@@ -411,3 +411,27 @@ def test_allocated_breaks_ties_by_candidate_order() -> None:
     state = _BankStub([[-1] * 20], [0], {})
     live = _Beams.allocated(torch.zeros(1, 32), torch.zeros(1, 1), top, state, 6, EOS_ID)
     assert _picked(live) == [[(0, t, 0.0) for t in (0, 31, 30, 29, 28, 27)]]
+
+
+def test_allocated_takes_every_finite_candidate_before_any_dropped_one() -> None:
+    """One beam, four distinct finite candidates (three best tokens and a constraint token)
+    and one dropped copy (the row's best token again): a beam of four takes the four finite
+    ones, the worst included, and never the copy."""
+    lprobs = torch.full((1, VOCAB), -50.0)
+    lprobs[0, 4], lprobs[0, 5], lprobs[0, 6], lprobs[0, 7] = -0.125, -0.25, -0.375, -3.0
+    scores = torch.zeros(1, 1)
+    top = _Beams.best(lprobs, scores, 3)
+    live = _Beams.allocated(lprobs, scores, top, _BankStub([[7]], [1], {}), 4, EOS_ID)
+    assert _picked(live) == [[(0, 4, -0.125), (0, 5, -0.25), (0, 6, -0.375), (0, 7, -3.0)]]
+
+
+def test_allocated_fills_the_beam_with_dropped_copies_in_candidate_order() -> None:
+    """Fewer finite candidates than slots: the rest are dropped copies (score -inf), taken in
+    candidate order, in a list long enough that an unstable sort would reorder them."""
+    top_tok = list(range(31, 4, -1)) * 2  # 27 tokens, then a copy of each
+    top = _Beams(torch.zeros(1, len(top_tok)), torch.zeros(1, len(top_tok), dtype=torch.long), torch.tensor([top_tok]))
+    live = _Beams.allocated(torch.zeros(1, 32), torch.zeros(1, 1), top, _BankStub([[-1]], [0], {}), 40, EOS_ID)
+    picked = _picked(live)[0]
+    # 28 finite: the 27 tokens and the row's best token (0); then 12 of the 27 copies.
+    assert picked[:28] == [(0, t, 0.0) for t in range(31, 4, -1)] + [(0, 0, 0.0)]
+    assert picked[28:] == [(0, t, -math.inf) for t in range(31, 19, -1)]
