@@ -190,19 +190,25 @@ def test_cpu_flags_read_cpuinfo_once(monkeypatch: pytest.MonkeyPatch, tmp_path):
         runtime.cpu_flags.cache_clear()
 
 
-def test_one_thread_here_sets_one_thread_and_restores_the_count_even_on_error():
-    import torch
+def test_on_a_passing_thread_returns_the_result_from_a_thread_that_has_ended():
+    import threading
 
-    from aiayn.runtime import one_thread_here
+    from aiayn.runtime import on_a_passing_thread
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(3)
-    try:
-        with one_thread_here():
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 3
-        with pytest.raises(KeyError), one_thread_here():
-            raise KeyError("x")
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
+    seen = []
+    assert on_a_passing_thread(lambda: seen.append(threading.current_thread()) or 42) == 42
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+
+
+def test_on_a_passing_thread_raises_the_work_s_exception_here():
+    from aiayn.errors import CheckpointError
+    from aiayn.runtime import on_a_passing_thread
+
+    error = CheckpointError("ck: not a checkpoint")
+
+    def fail():
+        raise error
+
+    with pytest.raises(CheckpointError) as caught:
+        on_a_passing_thread(fail)
+    assert caught.value is error

@@ -16,17 +16,17 @@ Set ``AIAYN_MALLOC=system`` to keep the C library's defaults.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
 import os
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiayn.errors import ConfigError
 
@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # torch is imported lazily: the allocator is tuned before it 
     import torch
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -273,25 +275,32 @@ def set_threads(requested: int | None = None, field: str = "--threads") -> int:
     return threads
 
 
-@contextlib.contextmanager
-def one_thread_here() -> Iterator[None]:
-    """Run the block's torch ops on the calling thread alone, then restore the thread count.
+def on_a_passing_thread(work: Callable[[], T]) -> T:
+    """Run ``work`` on a thread of its own that ends when it returns: its result here, or its
+    exception raised here.
 
-    For work done once on a thread before another thread takes over the model (a server
-    loads on its main thread; its batcher's thread decodes). libgomp, the OpenMP of torch's
-    x86 builds, gives each thread that runs a parallel op a team of helper threads that
-    lives on; once the helpers of all teams outnumber the cores, every team stops spinning
-    between ops and sleeps instead, and a decoding step's hundreds of small ops each wait
-    for a wake-up. Work on one thread creates no team.
+    For work done once before another thread takes over the model (a server loads and
+    compiles it, then its batcher's thread decodes). libgomp, the OpenMP of torch's x86
+    builds, gives each thread that runs parallel work a team of helper threads that lives as
+    long as that thread. Once the helpers of all teams outnumber the cores, every team stops
+    spinning between parallel regions and sleeps instead, and each of a decoding step's
+    hundreds of small ops waits for its helpers to wake (one sentence took twice as long on
+    2 cores). A thread that ends takes its team with it.
     """
-    import torch
+    outcome: dict[str, Any] = {}
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    def run() -> None:
+        try:
+            outcome["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="aiayn-setup", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def resolve_device(preference: str | torch.device, local_rank: int = 0, field: str = "--device") -> torch.device:

@@ -187,31 +187,31 @@ def test_compile_compiles_one_sentence_and_a_batch_before_serving(monkeypatch: p
     assert made == {"path": "ck", "compile": False}
 
 
-def test_the_model_loads_on_one_thread_and_the_thread_count_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Only the batcher's thread gets a thread team (runtime.one_thread_here); compiling
-    before serving runs with the configured threads again."""
+def test_loading_and_compiling_run_on_threads_that_have_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the batcher's thread keeps a thread team (runtime.on_a_passing_thread); both
+    steps run with the configured thread count."""
+    import threading
+
     from aiayn.inference.translator import Translator
 
     seen: dict = {}
 
     class Recording:
         def translate(self, texts):
-            seen.setdefault("compile_threads", torch.get_num_threads())
+            seen.setdefault("compile", (threading.current_thread(), torch.get_num_threads()))
             return texts
 
         def record_compiled(self):
             pass
 
     def from_checkpoint(path, device, dtype, compile):
-        seen["load_threads"] = torch.get_num_threads()
+        seen["load"] = (threading.current_thread(), torch.get_num_threads())
         return Recording()
 
     monkeypatch.setattr(Translator, "from_checkpoint", staticmethod(from_checkpoint))
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        serve._translator(parse("--compile"), torch.device("cpu"))
-        assert seen == {"load_threads": 1, "compile_threads": 2}
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)
+    threads = torch.get_num_threads()
+    serve._translator(parse("--compile"), torch.device("cpu"))
+    for step in ("load", "compile"):
+        thread, count = seen[step]
+        assert thread is not threading.current_thread() and not thread.is_alive(), step
+        assert count == threads, step

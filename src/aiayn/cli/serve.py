@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiayn.cli import options
 from aiayn.errors import AiaynError
-from aiayn.runtime import one_thread_here
+from aiayn.runtime import on_a_passing_thread
 
 if TYPE_CHECKING:
     import torch
@@ -198,12 +198,13 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
     from aiayn.inference.translator import Translator
 
     dtype = options.dtype(args, device)
-    with one_thread_here():  # the batcher's thread decodes, and only it should need a thread team
-        translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
-                                                compile=args.compile == "on")
+    # Loading and compiling run on threads that end: the batcher's thread alone keeps a
+    # thread team (aiayn.runtime.on_a_passing_thread).
+    translator = on_a_passing_thread(lambda: Translator.from_checkpoint(
+        args.checkpoint, device=device, dtype=dtype.dtype, compile=args.compile == "on"))
     options.say_dtype(dtype)
     if args.compile == "on":
-        _compile_now(translator)
+        on_a_passing_thread(lambda: _compile_now(translator))
     return translator
 
 
