@@ -98,7 +98,7 @@ class KVCache:
         self.check_room()
         c = self.layers[layer]
         if self.length >= c.self_k.size(2):
-            self._grow(c, min(self.max_len, 2 * c.self_k.size(2)))
+            self._grow(c, 2 * c.self_k.size(2))
         c.self_k[:, :, self.length] = k[:, :, 0]
         c.self_v[:, :, self.length] = v[:, :, 0]
         return c.self_k[:, :, :self.length + 1], c.self_v[:, :, :self.length + 1]
@@ -107,9 +107,11 @@ class KVCache:
         """Make every layer's buffers hold at least ``positions`` (at most ``max_len``)."""
         for c in self.layers:
             if c.self_k.size(2) < positions:
-                self._grow(c, min(self.max_len, positions))
+                self._grow(c, positions)
 
     def _grow(self, c: LayerCache, positions: int) -> None:
+        """Room for ``positions`` (at most ``max_len``) in layer ``c``; the filled ones kept."""
+        positions = min(self.max_len, positions)
         c.self_k, c.self_v = _longer(c.self_k, positions, self.length), _longer(c.self_v, positions, self.length)
         c.spare_k = c.spare_v = None  # the spare half is reallocated at the new length when needed
 
@@ -166,7 +168,7 @@ class KVCache:
         """Rows ``index`` of ``buf``'s filled prefix, written into the spare buffer (a view of
         its first rows; a new one when the batch grows). Returns (new buffer, new spare)."""
         rows = index.numel()
-        if spare is None or spare.size(0) < rows or spare.shape[2:] != buf.shape[2:]:
+        if spare is None or spare.size(0) < rows:  # (growing the buffers drops the spare)
             # zeros, not empty: past the prefix a buffer then only ever holds finite values,
             # which a step that attends over every position with the unfilled ones masked
             # needs (a masked weight is 0, and 0 x NaN garbage would be NaN).
