@@ -2,6 +2,9 @@
 phrases of its German reference, to be given as constraints.
 
     python scripts/build_term_set.py --data $AIAYN_DATA_MIRROR/multi30k --out runs/term_set
+    python scripts/build_term_set.py --data $AIAYN_DATA_MIRROR/multi30k --split val --out runs/term_set_val
+
+``--split val`` builds the same from the validation set, to choose decoding options on.
 
 Writes ``OUT/test.en`` (the sources), ``OUT/test.de`` (the references) and
 ``OUT/constraints.jsonl`` (one JSON list of phrases per line, the format of ``aiayn translate
@@ -78,12 +81,13 @@ def pick(phrases: list[tuple[int, str]], n: int = 2) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, required=True,
-                    help="the Multi30k directory of a data mirror (test_2016_flickr.{en,de}.gz)")
+                    help="the Multi30k directory of a data mirror (SPLIT.{en,de}.gz)")
+    ap.add_argument("--split", default="test_2016_flickr", help="the Multi30k split (default test_2016_flickr)")
     ap.add_argument("--out", type=Path, required=True, help="output directory")
     ap.add_argument("--per-sentence", type=int, default=2, help="phrases per sentence at most (default 2)")
     args = ap.parse_args()
-    src = _read(args.data / "test_2016_flickr.en.gz")
-    ref = _read(args.data / "test_2016_flickr.de.gz")
+    src = _read(args.data / f"{args.split}.en.gz")
+    ref = _read(args.data / f"{args.split}.de.gz")
     if len(src) != len(ref):
         raise SystemExit(f"{args.data}: {len(src)} English and {len(ref)} German lines")
     args.out.mkdir(parents=True, exist_ok=True)

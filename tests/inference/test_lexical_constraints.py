@@ -109,6 +109,46 @@ def test_beam_two_finds_the_best_constrained_output_that_plain_beam_search_loses
     assert best is not None and tuple(hyp.tokens) == best[0] == (6, 7)
 
 
+def test_a_hypothesis_that_met_every_phrase_ends_among_its_own_bank() -> None:
+    """[6] meets the phrase and then ends (EOS 0.99), but [4 4] and [4 5] are likelier: among
+    the sentence's best candidates overall [6 EOS] is third, so with beam 2 it would never
+    end. It competes only with the hypotheses that met every phrase: it ends, and it is the
+    best constrained output."""
+    table = {
+        (): {4: 0.9, 6: 0.05, EOS_ID: 0.05},
+        (6,): {EOS_ID: 0.99, 4: 0.01},
+        (4,): {4: 0.5, 5: 0.45, 6: 0.05},
+    }
+
+    def lookup(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return table.get(prefix, {4: 0.5, 5: 0.4, 6: 0.05, EOS_ID: 0.05})
+
+    cfg = DecodeConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=4, nbest=1)
+    hyps = beam_search(ScriptedModel(lookup, vocab=VOCAB), _src(0), cfg,
+                       constraint=LexicalConstraint([[[6]]], eos=EOS_ID))[0]
+    best = brute_force(lookup, 0, cfg, [[6]], [], (4, 5, 6))
+    assert best is not None and best[0] == (6,)
+    assert tuple(hyps[0].tokens) == (6,)
+    assert hyps[0].score == pytest.approx(math.log(0.05 * 0.99), rel=1e-6)
+
+
+def test_complete_ranks_the_continuations_of_the_rows_that_met_every_token() -> None:
+    lprobs = torch.full((6, VOCAB), -50.0)
+    lprobs[0, 4] = -0.1  # the best continuation, of a row that has not met its phrase
+    lprobs[1, EOS_ID], lprobs[1, 5] = -1.0, -2.0
+    lprobs[2, 6], lprobs[2, EOS_ID] = -0.5, -4.0
+    lprobs[3:, 4] = -0.1
+    scores = torch.tensor([[0.0, -1.0, -2.0], [0.0, -1.0, -2.0]])
+    # Sentence 0: rows 1 and 2 met all of their 2 tokens; sentence 1 (rows 3-5): none.
+    state = _BankStub([[-1]] * 6, [2] * 6, {}, met_now=[1, 2, 3, 0, 1, 1])
+    ending = _Beams.complete(lprobs, scores, state, 3)
+    assert _picked(ending)[0] == [(1, EOS_ID, -2.0), (2, 6, -2.5), (1, 5, -3.0)]
+    assert ending.scores[1].tolist() == [-math.inf] * 3
+    # A vocabulary of 2: at most 2 per row.
+    small = torch.tensor([[-0.1, -0.2], [-1.0, -3.0], [-0.5, -4.0]])
+    assert _picked(_Beams.complete(small, scores[:1], state, 3)) == [[(1, 0, -2.0), (2, 0, -2.5), (1, 1, -4.0)]]
+
+
 def test_allocation_keeps_a_slot_for_each_bank() -> None:
     """Banks by tokens met: with a two-token phrase there are three banks; beam 3 gives each
     one slot, so the candidates that advanced the phrase stay even when worse."""
@@ -305,8 +345,13 @@ class _BankStub:
     """An allocating state with fixed answers: next tokens (R, N), total tokens (R,), and the
     tokens met after (row, token) (0 where not listed)."""
 
-    def __init__(self, nxt: list[list[int]], total: list[int], met: dict[tuple[int, int], int]) -> None:
+    def __init__(self, nxt: list[list[int]], total: list[int], met: dict[tuple[int, int], int],
+                 met_now: list[int] | None = None) -> None:
         self.nxt, self.total, self.met = torch.tensor(nxt), torch.tensor(total), met
+        self.met_now = torch.tensor(met_now if met_now is not None else [0] * len(total))
+
+    def met_tokens(self) -> torch.Tensor:
+        return self.met_now
 
     def next_tokens(self) -> torch.Tensor:
         return self.nxt

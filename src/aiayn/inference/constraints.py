@@ -49,6 +49,9 @@ class AllocatingState(ConstraintState, Protocol):
     def total_tokens(self) -> Tensor:
         """(R,) the constraint tokens each row must meet."""
 
+    def met_tokens(self) -> Tensor:
+        """(R,) the constraint tokens each row has met (its bank)."""
+
     def next_tokens(self) -> Tensor:
         """(R, N) tokens that would bring each row further (-1: none), tried as candidates."""
 

@@ -437,7 +437,9 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
 
     With a constraint whose state divides the beam into banks (an ``AllocatingState``:
     lexical constraints), the K live beams are chosen by dynamic beam allocation
-    (:meth:`_Beams.allocated`) instead of by score alone.
+    (:meth:`_Beams.allocated`) instead of by score alone, and a hypothesis ends when EOS is
+    among the K best continuations of the hypotheses that met every constraint
+    (:meth:`_Beams.complete`).
     """
     run = _start(model, src, cfg, copies=1, nbest=cfg.nbest, prefix=prefix, need_attn=need_attn,
                  pad=pad, bos=bos, eos=eos, constraint=constraint)
@@ -455,10 +457,12 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
         lprobs = run.log_probs(t)  # (n * k, V)
         top = _Beams.best(lprobs, scores, 2 * cfg.beam)
         is_eos = top.tok == eos
-        _finish_beams(run, top, is_eos, k, t)
         if banks is None:
+            _finish_beams(run, top, is_eos, k, t)
             live = top.live(is_eos, cfg.beam)
         else:
+            ending = _Beams.complete(lprobs, scores, banks, cfg.beam)
+            _finish_beams(run, ending, ending.tok == eos, k, t)
             live = _Beams.allocated(lprobs, scores, top, banks, cfg.beam, eos)
         done = _beams_done(run, live, k, lp_at_max, t)
         if bool(done.all()):
@@ -496,6 +500,28 @@ class _Beams(NamedTuple):
         rank = is_eos.long() * n_cand + torch.arange(n_cand, device=is_eos.device)
         chosen = rank.topk(min(k_beam, n_cand), dim=1, largest=False)[1]
         return _Beams(*(x.gather(1, chosen) for x in self))
+
+    @staticmethod
+    def complete(lprobs: Tensor, scores: Tensor, state: AllocatingState, c: int) -> _Beams:
+        """The ``c`` best continuations per sentence of its beams that have met every
+        constraint token (the highest bank), -inf where there are fewer; lprobs (n * k, V).
+
+        A hypothesis ends when EOS is among these: it competes with the hypotheses of its
+        own bank, as the allocation's stripes have it, not with likelier ones of lower banks,
+        which are likelier only because they have not paid for the phrases yet. (Among the
+        sentence's best candidates overall, a phrase the model finds unlikely would end only
+        when every lower hypothesis had become as unlikely, often at the length bound.)"""
+        n, k = scores.shape
+        done = (state.met_tokens() >= state.total_tokens()).nonzero(as_tuple=True)[0]  # (D,) rows
+        per_row = min(c, lprobs.size(-1))
+        vals = torch.full((n * k, per_row), NEG_INF, device=lprobs.device)
+        toks = torch.zeros((n * k, per_row), dtype=torch.long, device=lprobs.device)
+        if done.numel():
+            done_vals, toks[done] = row_topk(lprobs.index_select(0, done), per_row)
+            vals[done] = scores.view(-1)[done, None] + done_vals
+        top_scores, top_pos = vals.view(n, k * per_row).topk(min(c, k * per_row), dim=1)
+        top_beam = torch.div(top_pos, per_row, rounding_mode="floor")
+        return _Beams(top_scores, top_beam, toks.view(n, k * per_row).gather(1, top_pos))
 
     @staticmethod
     def allocated(lprobs: Tensor, scores: Tensor, top: _Beams, state: AllocatingState, k_beam: int,
