@@ -83,6 +83,25 @@ def test_beam_search_outputs_equal_the_eager_ones(decoders):
     _assert_compiled(compiled)
 
 
+def test_one_graph_serves_batches_of_other_sizes_and_lengths(decoders):
+    """Rows, groups, source length and cache length differ between the two searches (every
+    sentence runs to the same length, so no batch is left with one sentence, a size torch
+    specialises): a size missing from the dynamic marks would compile a second graph."""
+    eager, _ = decoders
+    compiled = CompiledDecoder(eager.model)
+    g = torch.Generator().manual_seed(2)
+    first, second = torch.randint(4, VOCAB, (3, 7), generator=g), torch.randint(4, VOCAB, (5, 11), generator=g)
+    first[:, -1], second[:, -1] = 3, 3
+    torch._dynamo.utils.counters.clear()
+    with torch.inference_mode():
+        for src, steps in ((first, 5), (second, 8)):
+            cfg = DecodeConfig(beam=2, lenpen=0.6, min_len=steps, max_len_a=0.0, max_len_b=steps)
+            want, got = search(eager, src, cfg), search(compiled, src, cfg)
+            assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+    _assert_compiled(compiled)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 def test_steps_that_return_attention_run_the_eager_step(decoders):
     eager, compiled = decoders
     states = [d.init_state(_sources(), 6) for d in decoders]

@@ -46,8 +46,8 @@ StaticStep = Callable[..., Tensor]
 log = logging.getLogger(__name__)
 
 # `--compile auto`'s estimate (compile_pays). Compiling costs a warm-up before the first
-# compiled step: tens of seconds on a small CPU from an empty cache, about half of that when
-# inductor's on-disk cache holds the C++ kernels of an earlier run (with frozen weights the
+# compiled step: tens of seconds on a small CPU from an empty cache, about four fifths of that
+# when inductor's on-disk cache holds the C++ kernels of an earlier run (with frozen weights the
 # graph is traced and lowered again: inductor's FX graph cache cannot store oneDNN-packed
 # weights, and AOTAutograd's cache skips frozen graphs; only the kernels' builds are saved).
 # Afterwards each line runs faster by an amount that grows with the model: estimated as
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 # eager and compiled decoding speeds, docs/results.md, at Multi30k's sentence lengths; a
 # smaller model saves less per line, and a tiny one nothing). Only the CPU path is
 # estimated; elsewhere `auto` decodes eagerly.
-COMPILE_WARMUP_S = {"cpu": 75.0}
+COMPILE_WARMUP_S = {"cpu": 50.0}
 CACHED_COMPILE_WARMUP_S = {"cpu": 40.0}
 SAVED_S_PER_LINE_PER_PARAMETER = 8e-11
 # Never compile for fewer lines than this, whatever the estimate says.
@@ -206,6 +206,23 @@ def _placed(buf: Tensor, where: tuple[Tensor, slice, Tensor], rows: int) -> Tens
     return out
 
 
+def _mark_varying_sizes(tokens: Tensor, state: IndexedKVCache) -> None:
+    """Mark the sizes that change from call to call as dynamic for ``torch.compile``: the rows
+    (tokens, the lineage table and the buffers' rows), the cache positions, the source groups
+    and the source length. Heads, head and model widths stay constants of the graph. Sizes
+    of 1 (one sentence left, one source token) keep a graph of their own, as torch specialises them."""
+    mark = torch._dynamo.maybe_mark_dynamic
+    mark(tokens, 0)
+    mark(state.rows, 0)
+    mark(state.rows, 1)
+    for c in state.layers:
+        for buf in (c.self_k, c.self_v, c.cross_k, c.cross_v):  # (rows or groups, H, positions, d)
+            mark(buf, 0)
+            mark(buf, 2)
+    mark(state.src_mask, 0)  # (groups, 1, 1, S)
+    mark(state.src_mask, 3)
+
+
 class CompiledDecoder(IncrementalDecoder):
     """:class:`IncrementalDecoder` whose steps run one inductor-compiled graph.
 
@@ -218,7 +235,9 @@ class CompiledDecoder(IncrementalDecoder):
         super().__init__(model, autocast)
         if self.model.training:
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")
-        self.compiled: StaticStep | None = torch.compile(static_step(self.model, self.project), dynamic=True)
+        # Static but for the sizes marked in each call (_mark_varying_sizes): a graph with
+        # every size symbolic traces several times slower.
+        self.compiled: StaticStep | None = torch.compile(static_step(self.model, self.project), dynamic=False)
         self.compiled_ran = False  # a compiled step has run (its graph is compiled)
 
     def init_state(self, src: Tensor, max_steps: int) -> IndexedKVCache:
@@ -230,6 +249,7 @@ class CompiledDecoder(IncrementalDecoder):
             state.materialize()
             return super().step(tokens, state, need_attn)
         state.check_room()
+        _mark_varying_sizes(tokens, state)
         layers = state.layers
         # Both settings are read when a graph compiles, i.e. inside a call; patched for the
         # call alone (torch.compile's options= does not reach them), never set globally.
