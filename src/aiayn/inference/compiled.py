@@ -5,10 +5,11 @@ the key/value cache, whose length grows every step: a compiled graph would be sp
 to each length and recompiled at every step. Here the step attends over the cache's whole
 preallocated buffer (``max_len`` positions), the unfilled ones masked, and is told its
 position as a tensor: the shapes stay the same from step to step, so one compiled graph
-serves the whole search (compiled with dynamic shapes: batch, source and cache lengths
-vary between calls). Inductor fuses the step's elementwise work (layer norms, residuals,
-int8 input quantization, the softmax) and, with weight *freezing*, treats the weights as
-constants it may repack for oneDNN.
+serves the whole search (the sizes that vary between calls -- rows, source groups and
+lengths, cache positions -- are marked dynamic; heads and widths are constants). Inductor
+fuses the step's elementwise work (layer norms, residuals, int8 input quantization, the
+softmax) and, with weight *freezing*, treats the weights as constants it may repack for
+oneDNN.
 
 Beam search's reorders copy nothing here (:class:`IndexedKVCache`): a key/value stays in
 the buffer row that wrote it, a table says which row holds each hypothesis's at each
