@@ -23,6 +23,8 @@ TINY_PARAMETERS = 500_000
     (10_000, BASE_PARAMETERS, "cpu", True, True),  # from a warm cache it is
     (100_000, BASE_PARAMETERS, "cpu", False, True),
     (100_000, TINY_PARAMETERS, "cpu", True, False),  # a tiny model saves next to nothing per line
+    (100_000, 7_600_000, "cpu", True, False),  # nor the Multi30k recipe's, measured
+    (10**7, 19_999_999, "cpu", True, False),  # below the smallest model that gains: never
     (100_000, BASE_PARAMETERS, "cuda", True, False),  # no estimate off the CPU: eager
 ])
 def test_compile_pays_for_long_inputs_and_large_models_only(lines, parameters, device, warm, expected) -> None:
@@ -115,6 +117,7 @@ def test_translate_compiles_only_when_it_pays(tiny_checkpoint: Path, english: li
     assert code == 0 and "compile" not in err and not _Recorded.made
     # As if the model were large enough for 12 lines to win the warm-up back.
     monkeypatch.setattr(compiled, "MIN_COMPILE_LINES", 1)
+    monkeypatch.setattr(compiled, "MIN_COMPILE_PARAMETERS", 1)
     monkeypatch.setattr(compiled, "SAVED_S_PER_LINE_PER_PARAMETER", 1.0)
     code, out, err = run_cli([*args, "--compile", "off"])
     assert code == 0 and "compile" not in err and not _Recorded.made

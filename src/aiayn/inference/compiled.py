@@ -61,6 +61,9 @@ CACHED_COMPILE_WARMUP_S = {"cpu": 40.0}
 SAVED_S_PER_LINE_PER_PARAMETER = 8e-11
 # Never compile for fewer lines than this, whatever the estimate says.
 MIN_COMPILE_LINES = 1000
+# Nor a model smaller than this: the compiled steps of the Multi30k recipe's model (7.6M
+# parameters) decode no faster than its eager int8 steps on a CPU (docs/results.md).
+MIN_COMPILE_PARAMETERS = 20_000_000
 
 
 def compile_pays(lines: int | None, parameters: int, device: torch.device | str, warm: bool = False) -> bool:
@@ -70,6 +73,8 @@ def compile_pays(lines: int | None, parameters: int, device: torch.device | str,
     of unknown length) and devices without an estimate: no."""
     kind = torch.device(device).type
     if lines is None or lines < MIN_COMPILE_LINES or kind not in COMPILE_WARMUP_S:
+        return False
+    if parameters < MIN_COMPILE_PARAMETERS:
         return False
     warmup = (CACHED_COMPILE_WARMUP_S if warm else COMPILE_WARMUP_S)[kind]
     return lines * parameters * SAVED_S_PER_LINE_PER_PARAMETER > warmup
