@@ -61,7 +61,7 @@ def main() -> None:
     constrained_s = time.perf_counter() - start
     print(json.dumps({
         "sentences": len(src), "constraints": sum(len(c) for c in cons), "beam": args.beam,
-        "lenpen": tr.decode_config().lenpen, "constraints_lenpen": tr.decode_config().constraints_lenpen,
+        "lenpen": tr.decode_config().lenpen,
         "coverage_without": round(100 * coverage(plain, cons), 2),
         "coverage_with": round(100 * coverage(constrained, cons), 2),
         "bleu_without": round(corpus_bleu(plain, [ref]), 2), "bleu_with": round(corpus_bleu(constrained, [ref]), 2),

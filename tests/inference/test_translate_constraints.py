@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from tests.inference.conftest import WORDS_DE, WORDS_EN
 
 from aiayn.errors import DataError
-from aiayn.inference.search import length_penalty
 from aiayn.inference.terms import (
     ConstraintError,
     LexicalConstraints,
@@ -63,20 +62,6 @@ def test_api_forms_and_unconstrained_texts(translator: Translator) -> None:
     assert "fahrrad" in got[0] and "rot ball" in got[0]
     same = translator.translate(texts, constraints=[LexicalConstraints(("fahrrad", "rot ball")), []])
     assert same == got
-
-
-@pytest.mark.parametrize("alpha", [0.0, 1.5])
-def test_texts_with_constraints_are_ranked_with_constraints_lenpen(translator: Translator, alpha: float) -> None:
-    texts = ["a man is riding a bike", "a dog on the street"]
-    got = translator.translate_detailed(texts, constraints=[["fahrrad"], None], nbest=2, lenpen=1.0,
-                                        constraints_lenpen=alpha)
-    for result, used in ((got[0], alpha), (got[1], 1.0)):
-        assert len(result.hypotheses) == 2
-        for hyp in result.hypotheses:
-            assert hyp.score == pytest.approx(hyp.log_prob / length_penalty(len(hyp.tokens) + 1, used), rel=1e-6)
-    alone = translator.translate_detailed(texts[1:], nbest=2, lenpen=1.0)[0]
-    assert [h.tokens for h in got[1].hypotheses] == [h.tokens for h in alone.hypotheses]
-    assert [h.log_prob for h in got[1].hypotheses] == pytest.approx([h.log_prob for h in alone.hypotheses], abs=1e-5)
 
 
 def test_a_constraint_that_cannot_fit_is_an_error_or_dropped(translator: Translator, caplog) -> None:

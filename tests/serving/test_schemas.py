@@ -23,7 +23,7 @@ def test_request_fields_are_the_decode_fields_marked_for_http() -> None:
     assert list(TranslateRequest.model_fields) == ["texts", "beam", "nbest", "attention", "lenpen", "max_len_a",
                                                    "max_len_b", "min_len", "no_repeat_ngram_size", "tgt_lang",
                                                    "shortlist", "constraints", "exclude",
-                                                   "constraints_best_effort", "constraints_lenpen"]
+                                                   "constraints_best_effort"]
 
 
 def test_request_schema_carries_the_metadata() -> None:

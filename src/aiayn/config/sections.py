@@ -520,11 +520,6 @@ class DecodeConfig:
     lenpen: float = decode_option(0.6, "length-penalty alpha",
                             http=HttpField(ge=0.0, le=10.0, position=4,
                                            description="length-penalty alpha (0.6 in the paper)"))
-    constraints_lenpen: float = decode_option(
-        0.6, "length-penalty alpha of a search with terminology constraints (their phrases lengthen the "
-             "outputs by themselves; a strong alpha rewards appending them after the sentence)",
-        http=HttpField(ge=0.0, le=10.0, position=1003,
-                       description="length-penalty alpha of texts with constraints"))
     lenpen_style: str = decode_option("gnmt", "gnmt: ((5+|Y|)/6)^alpha (the paper); fairseq: |Y|^alpha",
                                 choices=LENPEN_STYLES)
     max_len_a: float = decode_option(1.0, "max output tokens = a * source tokens + b",

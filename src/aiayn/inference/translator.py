@@ -23,7 +23,6 @@ section; any :class:`~aiayn.config.DecodeConfig` field can be overridden per cal
 from __future__ import annotations
 
 import copy
-import dataclasses
 import hashlib
 import json
 import logging
@@ -455,28 +454,15 @@ class Translator:
                 lexical: dict[int, tuple[list[list[int]], list[list[int]]]], best_effort: bool,
                 first_number: int) -> list[list[SearchHypothesis]]:
         """One batch's hypotheses; a sentence with lexical constraints for which the search
-        found none raises ConstraintError, or with ``best_effort`` is searched again without.
-        The sentences with lexical constraints are searched with ``cfg.constraints_lenpen``,
-        apart from the others."""
-        with_terms = [k for k, i in enumerate(batch) if i in lexical]
-        if with_terms and len(with_terms) < len(batch):
-            others = [k for k, i in enumerate(batch) if i not in lexical]
-            hyps: list[list[SearchHypothesis]] = [[] for _ in batch]
-            for part in (with_terms, others):
-                found = self._search([batch[k] for k in part], results, cfg, attention, prefix_ids, constraint,
-                                     lexical, best_effort, first_number)
-                for k, h in zip(part, found):
-                    hyps[k] = h
-            return hyps
+        found none raises ConstraintError, or with ``best_effort`` is searched again without."""
         src = _pad([results[i].src_tokens for i in batch]).to(self.device)
         prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
         required = [piece for i in batch for phrase in lexical.get(i, ([], []))[0] for piece in phrase]
         decoder = self._shortlisted(src, [*(prefix or []), required]) if cfg.shortlist else self.decoder
-        searched = cfg
-        if with_terms:
-            constraint = LexicalConstraint([lexical[i][0] for i in batch], [lexical[i][1] for i in batch], eos=EOS_ID)
-            searched = dataclasses.replace(cfg, lenpen=cfg.constraints_lenpen)
-        hyps = search(decoder, src, searched, prefix=prefix, need_attn=attention,
+        if any(i in lexical for i in batch):
+            constraint = LexicalConstraint([lexical.get(i, ([], []))[0] for i in batch],
+                                           [lexical.get(i, ([], []))[1] for i in batch], eos=EOS_ID)
+        hyps = search(decoder, src, cfg, prefix=prefix, need_attn=attention,
                       pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, constraint=constraint)
         for k in [k for k, i in enumerate(batch) if not hyps[k] and i in lexical]:
             reason = "no translation within the length bound meets its constraints"
