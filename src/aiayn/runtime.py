@@ -16,17 +16,17 @@ Set ``AIAYN_MALLOC=system`` to keep the C library's defaults.
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import ctypes.util
 import functools
 import logging
 import os
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from aiayn.errors import ConfigError
 
@@ -287,20 +287,9 @@ def on_a_passing_thread(work: Callable[[], T]) -> T:
     hundreds of small ops waits for its helpers to wake (one sentence took twice as long on
     2 cores). A thread that ends takes its team with it.
     """
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome["result"] = work()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=run, name="aiayn-setup", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
+    # Leaving the pool's block joins its one worker thread: the thread has ended on return.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiayn-setup") as pool:
+        return pool.submit(work).result()
 
 
 def resolve_device(preference: str | torch.device, local_rank: int = 0, field: str = "--device") -> torch.device:
