@@ -208,11 +208,12 @@ INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def compile_cache_dir() -> Path:
-    """Where ``torch.compile``'s artifacts are kept between runs: ``$TORCHINDUCTOR_CACHE_DIR``
-    if set, else ``inductor/torch-<version>`` under ``$AIAYN_CACHE_DIR`` (default
-    ~/.cache/aiayn). Inductor's FX graph cache keys each entry by the graph (shapes, dtypes,
-    frozen weights), the torch version and the CPU's instruction set; the folder per torch
-    version lets an upgrade leave the old entries behind as a whole."""
+    """Where compiled artifacts are kept between runs: ``$TORCHINDUCTOR_CACHE_DIR`` if set,
+    else ``inductor/torch-<version>`` under ``$AIAYN_CACHE_DIR`` (default ~/.cache/aiayn).
+    It holds inductor's own caches (C++ kernels; FX graphs, keyed by the graph, the torch
+    version and the CPU's instruction set) and, under ``aoti/``, the compiled decoding steps
+    (:mod:`aiayn.inference.step_packages`); the folder per torch version lets an upgrade
+    leave the old entries behind as a whole."""
     import torch
 
     given = os.environ.get(INDUCTOR_CACHE_ENV)

@@ -6,6 +6,7 @@ One compiled decoder per module (compiling costs seconds even for a tiny model);
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import pytest
@@ -16,7 +17,7 @@ from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder, IndexedKVCache
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import search
-from aiayn.model import KVCache, build_model
+from aiayn.model import KVCache, Transformer, build_model
 
 VOCAB = 40
 
@@ -25,13 +26,17 @@ VOCAB = 40
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def decoders() -> tuple[IncrementalDecoder, CompiledDecoder]:
+def _model() -> Transformer:
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4,
                       n_encoder_layers=2, n_decoder_layers=2, max_positions=64)
-    optimized = optimize_for_inference(build_model(cfg).eval())
-    return IncrementalDecoder(optimized), CompiledDecoder(optimized)
+    return build_model(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory: pytest.TempPathFactory) -> tuple[IncrementalDecoder, CompiledDecoder]:
+    optimized = optimize_for_inference(_model())
+    return IncrementalDecoder(optimized), CompiledDecoder(optimized, folder=tmp_path_factory.mktemp("packages"))
 
 
 def _sources() -> torch.Tensor:
@@ -61,6 +66,7 @@ def test_steps_match_the_eager_decoder_through_reorders(decoders):
                 tokens = want.argmax(-1).index_select(0, index)
     assert states[1].length == len(reorders) + 1
     _assert_compiled(compiled)
+    assert sorted(compiled.packages.runners) == [(2, False), (2, True)]  # several sentences, then one
 
 
 def _assert_compiled(decoder: CompiledDecoder) -> None:
@@ -83,23 +89,57 @@ def test_beam_search_outputs_equal_the_eager_ones(decoders):
     _assert_compiled(compiled)
 
 
-def test_one_graph_serves_batches_of_other_sizes_and_lengths(decoders):
-    """Rows, groups, source length and cache length differ between the two searches (every
-    sentence runs to the same length, so no batch is left with one sentence, a size torch
-    specialises): a size missing from the dynamic marks would compile a second graph."""
-    eager, _ = decoders
-    compiled = CompiledDecoder(eager.model)
+def _search_twice(eager: IncrementalDecoder, compiled: CompiledDecoder) -> None:
+    """Two beam searches whose rows, groups, source length and cache length differ (every
+    sentence runs to the same length, so no batch is left with one sentence, which runs the
+    eager step); the compiled decoder's outputs equal the eager one's."""
     g = torch.Generator().manual_seed(2)
     first, second = torch.randint(4, VOCAB, (3, 7), generator=g), torch.randint(4, VOCAB, (5, 11), generator=g)
     first[:, -1], second[:, -1] = 3, 3
-    torch._dynamo.utils.counters.clear()
     with torch.inference_mode():
         for src, steps in ((first, 5), (second, 8)):
             cfg = DecodeConfig(beam=2, lenpen=0.6, min_len=steps, max_len_a=0.0, max_len_b=steps)
             want, got = search(eager, src, cfg), search(compiled, src, cfg)
             assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     _assert_compiled(compiled)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_one_package_serves_batches_of_other_sizes_and_a_second_decoder_loads_it(decoders, tmp_path):
+    """A size that export fixed instead of leaving symbolic would fail the second search (or
+    build a second package); a decoder over the same weights compiles nothing."""
+    eager, _ = decoders
+    compiled = CompiledDecoder(eager.model, folder=tmp_path)
+    _search_twice(eager, compiled)
+    (package,) = compiled.packages.built
+    assert compiled.packages.loaded == [] and sorted(tmp_path.iterdir()) == [package]  # no partial file left
+    again = CompiledDecoder(eager.model, folder=tmp_path)
+    _search_twice(eager, again)
+    assert again.packages.built == [] and again.packages.loaded == [package]
+
+
+def test_a_package_is_keyed_by_the_weights_values_and_the_beam():
+    """The same weights in another copy give the same file; one changed value, another
+    precision, another number of rows per source or one sentence instead of several give another."""
+    model = _model()
+    cpu = torch.device("cpu")
+
+    def path(m: Transformer, per_source: int = 2, single: bool = False, dtype: torch.dtype | None = None):
+        return CompiledDecoder(optimize_for_inference(m, dtype=dtype)).packages.path(per_source, single, cpu)
+
+    same = [path(m) for m in (model, copy.deepcopy(model))]
+    assert same[0] == same[1]
+    changed = copy.deepcopy(model)
+    with torch.no_grad():
+        changed.decoder_layers[1].ffn.w_2.bias[3] += 1e-3
+    others = [path(changed), path(model, dtype=torch.int8), path(model, per_source=4), path(model, single=True)]
+    assert len({same[0], *others}) == 5
+
+
+def test_int8_steps_compile_with_the_same_integer_products(tmp_path):
+    """oneDNN's packed int8 weights cannot be exported: the package computes with
+    torch._int_mm over the same int8 weights, and the search's outputs are the same."""
+    optimized = optimize_for_inference(_model(), dtype=torch.int8)
+    _search_twice(IncrementalDecoder(optimized), CompiledDecoder(optimized, folder=tmp_path))
 
 
 def test_steps_that_return_attention_run_the_eager_step(decoders):

@@ -105,13 +105,13 @@ COMPILE_CHOICES = ("auto", "on", "off")
 
 
 def add_compile(container: Container, auto: str) -> None:
-    """``--compile [auto|on|off]``: decoding steps compiled by ``torch.compile``
+    """``--compile [auto|on|off]``: decoding steps compiled ahead of time
     (aiayn.inference.compiled); ``--compile`` alone is ``on``. ``auto``: what auto does here."""
     container.add_argument("--compile", nargs="?", const="on", default="auto", choices=COMPILE_CHOICES,
-                           help="compile the decoding step with torch.compile: tens of seconds of compiling per "
-                                "shape family first (less when an earlier run left its graphs in the compile "
-                                "cache, $AIAYN_CACHE_DIR/inductor), faster steps after; on (--compile alone), off, "
-                                f"or auto (default): {auto}")
+                           help="compile the decoding step ahead of time (torch.export + AOTInductor): tens of "
+                                "seconds of compiling first, faster steps after; the compiled step is kept in the "
+                                "compile cache ($AIAYN_CACHE_DIR/inductor), so a later run of the same model loads "
+                                f"it in seconds; on (--compile alone), off, or auto (default): {auto}")
 
 
 def add_threads(container: Container) -> None:

@@ -1,31 +1,33 @@
-"""A decoding step compiled by ``torch.compile`` (inductor), over a static-shape cache.
+"""A decoding step compiled ahead of time (AOTInductor), over a static-shape cache.
 
 :class:`~aiayn.inference.adapters.IncrementalDecoder` attends over the filled prefix of
 the key/value cache, whose length grows every step: a compiled graph would be specialised
-to each length and recompiled at every step. Here the step attends over the cache's whole
-preallocated buffer (``max_len`` positions), the unfilled ones masked, and is told its
-position as a tensor: the shapes stay the same from step to step, so one compiled graph
-serves the whole search (the sizes that vary between calls -- rows, source groups and
-lengths, cache positions -- are marked dynamic; heads and widths are constants). Inductor
-fuses the step's elementwise work (layer norms, residuals, int8 input quantization, the
-softmax) and, with weight *freezing*, treats the weights as constants it may repack for
-oneDNN.
+to each length. Here the step attends over the cache's whole preallocated buffer
+(``max_len`` positions), the unfilled ones masked, and is told its position as a tensor: the
+shapes stay the same from step to step, so one compiled step serves the whole search (the
+sizes that vary between calls -- rows, source groups and lengths, cache positions -- are
+symbolic; heads and widths are constants). Inductor fuses the step's elementwise work
+(layer norms, residuals, int8 input quantization, the softmax) and, with the weights
+*frozen* in, treats them as constants it may repack for oneDNN. The compiled step is kept
+on disk as a package, keyed by the weights (:mod:`aiayn.inference.step_packages`): a later
+run with the same model loads it in well under a second.
 
 Beam search's reorders copy nothing here (:class:`IndexedKVCache`): a key/value stays in
 the buffer row that wrote it, a table says which row holds each hypothesis's at each
 position, and the step's self-attention reads through that table, a gather inductor fuses
 into the attention's loads.
 
-The price (``benchmarks/compile_step.py`` measures it): each new family of shapes
-compiles for tens of seconds on a small CPU, and the frozen weights are copies beside the
-model's own. So it is for a long-lived process (``aiayn serve --compile`` compiles at
-start-up), or a CLI run on an input large enough to pay it back.
+The price (``benchmarks/compile_step.py`` measures it): building a package takes tens of
+seconds on a small CPU, and the frozen weights are copies beside the model's own. So
+compiling is for a long-lived process (``aiayn serve``), an input large enough to pay the
+build back, or a model whose package an earlier run built.
 
 The model is not touched: this module re-states the decoder layer's wiring
 (:meth:`aiayn.model.layers.DecoderLayer.step`) over the static cache, calling the
 layer's own sub-modules; tests hold the two to the same outputs. Steps that must return
-attention weights, and the first step of a search (before beam expansion, with one row
-per sentence: a shape family of its own), run the eager step.
+attention weights, the first step of a search (before beam expansion, with one row per
+sentence), and steps with one sentence left or a one-token source (sizes torch
+specialises) run the eager step.
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import NamedTuple
+from pathlib import Path
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
 
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.optimize import OptimizedModel
+from aiayn.inference.step_packages import StepPackages, exportable
 from aiayn.model import KVCache, Transformer
 from aiayn.model.layers import DecoderLayer
 
@@ -47,17 +51,15 @@ StaticStep = Callable[..., Tensor]
 log = logging.getLogger(__name__)
 
 # `--compile auto`'s estimate (compile_pays). Compiling costs a warm-up before the first
-# compiled step: tens of seconds on a small CPU from an empty cache, about four fifths of that
-# when inductor's on-disk cache holds the C++ kernels of an earlier run (with frozen weights the
-# graph is traced and lowered again: inductor's FX graph cache cannot store oneDNN-packed
-# weights, and AOTAutograd's cache skips frozen graphs; only the kernels' builds are saved).
+# compiled step: tens of seconds on a small CPU to build the step's package, a few seconds to
+# check the weights against and load one an earlier run built (step_packages).
 # Afterwards each line runs faster by an amount that grows with the model: estimated as
 # the model's parameters times SAVED_S_PER_LINE_PER_PARAMETER (from the base model's int8
 # eager and compiled decoding speeds, docs/results.md, at Multi30k's sentence lengths; a
 # smaller model saves less per line, and a tiny one nothing). Only the CPU path is
 # estimated; elsewhere `auto` decodes eagerly.
 COMPILE_WARMUP_S = {"cpu": 50.0}
-CACHED_COMPILE_WARMUP_S = {"cpu": 40.0}
+CACHED_COMPILE_WARMUP_S = {"cpu": 4.0}
 SAVED_S_PER_LINE_PER_PARAMETER = 8e-11
 # Never compile for fewer lines than this, whatever the estimate says.
 MIN_COMPILE_LINES = 1000
@@ -212,63 +214,47 @@ def _placed(buf: Tensor, where: tuple[Tensor, slice, Tensor], rows: int) -> Tens
     return out
 
 
-def _mark_varying_sizes(tokens: Tensor, state: IndexedKVCache) -> None:
-    """Mark the sizes that change from call to call as dynamic for ``torch.compile``: the rows
-    (tokens, the lineage table and the buffers' rows), the cache positions, the source groups
-    and the source length. Heads, head and model widths stay constants of the graph. Sizes
-    of 1 (one sentence left, one source token) keep a graph of their own, as torch specialises them."""
-    mark = torch._dynamo.maybe_mark_dynamic
-    mark(tokens, 0)
-    mark(state.rows, 0)
-    mark(state.rows, 1)
-    for c in state.layers:
-        for buf in (c.self_k, c.self_v, c.cross_k, c.cross_v):  # (rows or groups, H, positions, d)
-            mark(buf, 0)
-            mark(buf, 2)
-    mark(state.src_mask, 0)  # (groups, 1, 1, S)
-    mark(state.src_mask, 3)
-
-
 class CompiledDecoder(IncrementalDecoder):
-    """:class:`IncrementalDecoder` whose steps run one inductor-compiled graph.
-
-    Compiled lazily, at the first step that can use it: the first call of each new shape
-    family (e.g. one sentence against a batch of them) takes tens of seconds. The weights
-    are frozen into the graph as they are then: optimize and compile again after changing them.
+    """:class:`IncrementalDecoder` whose steps run a compiled step: an AOTInductor package
+    (:mod:`aiayn.inference.step_packages`), loaded from the compile cache when an earlier run
+    built it for these weights, else exported and compiled at the first step that can use it
+    (tens of seconds on a small CPU). The weights are frozen into the package as they are
+    then: optimize and compile again after changing them.
     """
 
-    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None) -> None:
+    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None,
+                 folder: Path | None = None) -> None:
         super().__init__(model, autocast)
         if self.model.training:
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")
-        # Static but for the sizes marked in each call (_mark_varying_sizes): a graph with
-        # every size symbolic traces several times slower.
-        self.compiled: StaticStep | None = torch.compile(static_step(self.model, self.project), dynamic=False)
-        self.compiled_ran = False  # a compiled step has run (its graph is compiled)
+        twin = cast(Transformer, exportable(self.model))
+        project = exportable(self.project)
+        parts = [twin.tgt_embed, twin.tgt_positions, twin.decoder_layers, project]
+        if twin.decoder_norm is not None:
+            parts.append(twin.decoder_norm)
+        dtype = next(p.dtype for p in twin.parameters() if p.is_floating_point())
+        self._device = torch.device("cpu")  # where the steps run: set at each compiled step
+        self.packages = StepPackages(static_step(twin, project), parts, lambda: self._precision(self._device),
+                                     tag=f"{dtype}, autocast {self.autocast}", folder=folder)
+        self.compiled: StaticStep | None = self.packages
+        self.compiled_ran = False  # a compiled step has run (its package is built or loaded)
 
     def init_state(self, src: Tensor, max_steps: int) -> IndexedKVCache:
         return IndexedKVCache(super().init_state(src, max_steps))
 
     def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         assert isinstance(state, IndexedKVCache), "a CompiledDecoder decodes over its own init_state"
-        if need_attn or state.length == 0 or self.compiled is None:
+        layers = state.layers
+        args = (tokens, torch.tensor(state.length, device=tokens.device), state.rows,
+                [c.self_k for c in layers], [c.self_v for c in layers],
+                [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
+        if need_attn or state.length == 0 or self.compiled is None or not StepPackages.fits(args):
             state.materialize()
             return super().step(tokens, state, need_attn)
         state.check_room()
-        _mark_varying_sizes(tokens, state)
-        layers = state.layers
-        # Both settings are read when a graph compiles, i.e. inside a call; patched for the
-        # call alone (torch.compile's options= does not reach them), never set globally.
-        # Freezing lets inductor treat the weights as constants. Without duck shapes, sizes
-        # that happen to be equal at the first call (say 24 rows and 24 source tokens, or
-        # as many rows as the buffers have until a sentence finishes) do not become one
-        # symbol whose split later recompiles the step.
+        self._device = tokens.device
         try:
-            with self._precision(tokens.device), torch._inductor.config.patch(freezing=True), \
-                    torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
-                logits = self.compiled(tokens, torch.tensor(state.length, device=tokens.device), state.rows,
-                                       [c.self_k for c in layers], [c.self_v for c in layers],
-                                       [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
+            logits = self.compiled(*args)
         except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this machine
             # At most this step's position was written, and the eager step rewrites it.
             first_line = (str(exc).strip().splitlines() or [""])[0]

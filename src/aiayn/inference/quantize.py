@@ -27,6 +27,8 @@ be trained or saved as a checkpoint.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
@@ -103,6 +105,21 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y.add_(self.bias)
         return y.view(*lead, self.out_features)
+
+    def with_int_mm(self) -> Int8Linear:
+        """The same layer computing with ``torch._int_mm``: the same integer products, over a
+        plain (K, N) int8 weight that ``torch.export`` can trace (oneDNN's packed weight is an
+        opaque tensor it cannot). Shares this layer's scales and bias; the weight is unpacked
+        from oneDNN's layout, exactly."""
+        if self.kernel == "int_mm":
+            return self
+        twin = copy.copy(self)  # a shallow copy: the same scales and bias
+        twin.kernel = "int_mm"
+        twin.packed_weight = self.packed_weight.to_dense()  # oneDNN keeps the (K, N) matrix
+        if twin.packed_weight.shape != (self.in_features, self.out_features):
+            raise RuntimeError(f"Int8Linear: oneDNN's weight unpacks to {tuple(twin.packed_weight.shape)}, "
+                               f"not ({self.in_features}, {self.out_features})")
+        return twin
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"

@@ -44,6 +44,7 @@ from aiayn.inference.constraints import Constraint, LexicalConstraint
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
 from aiayn.inference.shortlist import ShortlistDecoder
+from aiayn.inference.step_packages import weights_fingerprint
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import (
@@ -148,9 +149,9 @@ class Translator:
     weights as trained (``from_checkpoint``'s is ``auto``). With ``dtype="bf16"`` the copy's
     weights are bfloat16 (see ``BF16_MODE``); with ``dtype="int8"`` its linear layers
     are quantized (``aiayn.inference.quantize``, CPU only); log-probabilities are always
-    computed in float32. With ``compile=True`` the decoding steps run a graph compiled by
-    ``torch.compile`` (``aiayn.inference.compiled``): the first batches of each shape family
-    take tens of seconds to compile, later ones run faster.
+    computed in float32. With ``compile=True`` the decoding steps run compiled ahead of time
+    (``aiayn.inference.compiled``): the first batch takes tens of seconds to compile, unless
+    an earlier run left the compiled step of the same weights on disk; later ones run faster.
 
     ``model`` may be a list of models sharing ``tokenizer``: they are decoded as an ensemble
     (``self.decoder`` is then an ``EnsembleDecoder``; ``self.model`` is the first one's copy).
@@ -180,8 +181,7 @@ class Translator:
         self.parameters = {key: sum(c[key] for c in counts) for key in counts[0]}
         self._optimized = [optimize_for_inference(m.to(self.device).eval(), dtype=weights) for m in trained]
         self._autocast = autocast
-        # What the compiled graphs depend on besides the weights' values (compile_marker).
-        self._shapes = [[(name, list(t.shape), str(t.dtype)) for name, t in m.state_dict().items()] for m in trained]
+        self._fingerprint: str | None = None  # of the weights, for compile_marker
         self.model = self._optimized[0].model
         self.compiled = False  # whether the decoding steps run compiled (see use_compiled)
         self.decoder: Any = self._decoder(compiled=False)
@@ -207,7 +207,7 @@ class Translator:
                 float32's quality, see ``aiayn.runtime.auto_inference_dtype``;
                 ``$AIAYN_DTYPE`` pins it), ``fp32``, ``bf16``, ``fp16`` (GPU only) or ``int8``
                 (CPU only).
-            compile: Run the decoding steps compiled (``torch.compile``; see the class).
+            compile: Run the decoding steps compiled (AOTInductor; see the class).
             ensemble: Decode with the ensemble of the paths' models (the mean of their
                 probabilities at each step) instead of averaging their weights.
 
@@ -275,9 +275,12 @@ class Translator:
         return compile_pays(lines, parameters, self.device, warm=self.compile_marker().is_file())
 
     def compile_marker(self) -> Path:
-        """A file in the compile cache that says an earlier run compiled steps of this model
-        configuration, precision, device kind and CPU kind (see :meth:`record_compiled`)."""
-        key = json.dumps({"shapes": self._shapes, "dtype": self.dtype, "device": self.device.type,
+        """A file in the compile cache that says an earlier run compiled steps of these weights
+        in this precision on this device and CPU kind (see :meth:`record_compiled`): their
+        packages are on disk (:mod:`aiayn.inference.step_packages`)."""
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(o.model for o in self._optimized)
+        key = json.dumps({"weights": self._fingerprint, "dtype": self.dtype, "device": self.device.type,
                           "cpu": sorted(cpu_flags())}, sort_keys=True)
         return compile_cache_dir() / "aiayn-compiled" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
 

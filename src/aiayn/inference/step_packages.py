@@ -1,0 +1,203 @@
+"""Compiled decoding steps kept on disk as AOTInductor packages, built once per set of weights.
+
+``torch.compile`` keeps little of a decoding step between processes once its weights are
+frozen into the graph: its FX graph cache cannot hold oneDNN's packed weights, so every run
+traces and lowers the step again, and only the C++ kernels' builds are reused. Here the step
+(:func:`aiayn.inference.compiled.static_step`) is exported once with ``torch.export`` (the
+sizes that vary between calls as symbolic dimensions) and compiled ahead of time by
+AOTInductor, weights frozen in, into one ``.pt2`` package; a later process with the same
+weights loads the package instead of compiling.
+
+A package depends on everything its code was built from, and its file name is a SHA-256 of
+all of it: the values of every tensor the step reads, the precision, the beam's rows per
+source (the step reshapes by it), the torch version, the device kind and the CPU's
+instruction sets. Packages live under ``aoti/`` in the compile cache folder
+(:func:`aiayn.runtime.compile_cache_dir`) and are written under a temporary name, then renamed.
+
+int8: oneDNN's packed weight is an opaque tensor that ``torch.export`` cannot trace. The
+exported copy's int8 layers compute with ``torch._int_mm`` over the same int8 weights
+(:meth:`~aiayn.inference.quantize.Int8Linear.with_int_mm`), the same integer products.
+
+Torch specialises sizes of 1, so one sentence (one source group) gets a package of its own,
+its rows fixed; a call with a one-token source or fewer than two cache positions or buffer
+rows is refused by :meth:`StepPackages.fits`, and the caller runs its eager step instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import itertools
+import json
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from aiayn.inference.quantize import Int8Linear
+from aiayn.runtime import compile_cache_dir, cpu_flags
+
+log = logging.getLogger(__name__)
+
+Step = Callable[..., Tensor]
+FORMAT = 1  # bumped when the step's signature or the key's contents change
+
+
+def _named_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """Every tensor ``module`` and its sub-modules hold: parameters, buffers and plain tensor
+    attributes (the inference copy keeps rearranged weights as attributes)."""
+    for prefix, m in module.named_modules():
+        attributes = ((k, v) for k, v in vars(m).items() if isinstance(v, Tensor))
+        for name, t in itertools.chain(m._parameters.items(), m._buffers.items(), attributes):
+            if t is not None:
+                yield f"{prefix}.{name}", t
+
+
+def weights_fingerprint(modules: Iterable[nn.Module]) -> str:
+    """SHA-256 of the names, dtypes, shapes and values of every tensor in ``modules``."""
+    digest = hashlib.sha256()
+    for i, module in enumerate(modules):
+        for name, t in _named_tensors(module):
+            if t.layout == torch._mkldnn:  # type: ignore[attr-defined]  # oneDNN's packed layout
+                t = t.to_dense()
+            digest.update(f"{i}:{name}:{t.dtype}:{tuple(t.shape)};".encode())
+            digest.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def exportable(module: nn.Module) -> nn.Module:
+    """A structural copy of ``module`` that ``torch.export`` can trace: its tensors shared,
+    its int8 layers computing with ``torch._int_mm``."""
+    memo: dict[int, Any] = {id(t): t for _, t in _named_tensors(module)}
+    twin = copy.deepcopy(module, memo)
+    for parent in [twin, *twin.modules()]:
+        for name, child in list(parent.named_children()):
+            if isinstance(child, Int8Linear):
+                setattr(parent, name, child.with_int_mm())
+    return twin
+
+
+def _step_sizes(args: tuple[Any, ...]) -> dict[str, int]:
+    tokens, _pos, rows, self_k, _self_v, cross_k, _cross_v, _mask = args
+    return {"rows": tokens.size(0), "groups": cross_k[0].size(0), "positions": rows.size(0),
+            "buffer_rows": self_k[0].size(0), "source_length": cross_k[0].size(2)}
+
+
+class StepPackages:
+    """The compiled packages of one decoding step: one per rows-per-source count, for one
+sentence and for several.
+
+    ``step(tokens, pos, rows, self_k, self_v, cross_k, cross_v, src_mask)`` (see
+    :func:`~aiayn.inference.compiled.static_step`) over ``modules`` (the weights it reads,
+    already made :func:`exportable`); ``precision``: the context the step is traced in (e.g.
+    autocast); ``tag``: what else the compiled code depends on (the precision's name).
+    """
+
+    def __init__(self, step: Step, modules: list[nn.Module], precision: Callable[[], AbstractContextManager[None]],
+                 tag: str, folder: Path | None = None) -> None:
+        self.step = step
+        self.modules = modules
+        self.precision = precision
+        self.tag = tag
+        self.folder = folder
+        self._fingerprint: str | None = None
+        self.runners: dict[tuple[int, bool], Step] = {}
+        self.built: list[Path] = []  # packages this object compiled
+        self.loaded: list[Path] = []  # packages it found on disk
+
+    @staticmethod
+    def fits(args: tuple[Any, ...]) -> bool:
+        """Whether a package can run a call with these arguments (else: the eager step)."""
+        s = _step_sizes(args)
+        return (s["groups"] >= 1 and s["source_length"] >= 2 and s["positions"] >= 2 and s["buffer_rows"] >= 2
+                and s["rows"] % s["groups"] == 0 and s["buffer_rows"] >= s["rows"])
+
+    def __call__(self, *args: Any) -> Tensor:
+        s = _step_sizes(args)
+        family = (s["rows"] // s["groups"], s["groups"] == 1)
+        runner = self.runners.get(family)
+        if runner is None:
+            runner = self.runners[family] = self._runner(args, *family)
+        return runner(*args)
+
+    def path(self, per_source: int, single: bool, device: torch.device) -> Path:
+        """The package's file for ``per_source`` rows per source, for one sentence (``single``)
+        or several, on ``device``."""
+        if self._fingerprint is None:
+            self._fingerprint = weights_fingerprint(self.modules)
+        key = json.dumps({"format": FORMAT, "weights": self._fingerprint, "tag": self.tag, "per_source": per_source,
+                          "single": single,
+                          "torch": torch.__version__, "device": device.type, "cpu": sorted(cpu_flags())},
+                         sort_keys=True)
+        folder = self.folder if self.folder is not None else compile_cache_dir() / "aoti"
+        return folder / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".pt2")
+
+    def _runner(self, args: tuple[Any, ...], per_source: int, single: bool) -> Step:
+        path = self.path(per_source, single, args[0].device)
+        if path.is_file():
+            self.loaded.append(path)
+        else:
+            self._build(args, per_source, single, path)
+            self.built.append(path)
+        runner: Step = torch._inductor.aoti_load_package(str(path))
+        return runner
+
+    def _build(self, args: tuple[Any, ...], per_source: int, single: bool, path: Path) -> None:
+        """Export the step with ``args`` as the example and compile it into ``path``; with
+        ``single``, the groups (1) and rows (``per_source``) are constants."""
+        from torch.export import Dim
+
+        # Outside inference mode: export writes into the example's cache buffers.
+        with torch.inference_mode(False), torch.no_grad():
+            example = _example(args)
+            groups = None if single else Dim("groups", min=2)
+            rows = groups if groups is None or per_source == 1 else per_source * groups
+            positions, buffer_rows, source = Dim("positions", min=2), Dim("buffer_rows", min=2), Dim("source", min=2)
+            layers = len(example[3])
+            buffers = [{0: buffer_rows, 2: positions}] * layers
+            cross = [{0: groups, 2: source}] * layers
+            shapes = ({0: rows}, None, {0: positions, 1: rows}, buffers, buffers, cross, cross, {0: groups, 3: source})
+            # Sizes equal by chance in the example stay separate symbols.
+            with self.precision(), torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+                program = torch.export.export(_Module(self.step), example, dynamic_shapes=shapes, strict=False)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.pt2")
+            try:
+                with torch._inductor.config.patch(freezing=True):
+                    torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+                os.replace(partial, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    partial.unlink()
+        log.info("compiled the decoding step into %s", path)
+
+
+class _Module(nn.Module):
+    """``step`` as the module ``torch.export`` takes, its arguments named."""
+
+    def __init__(self, step: Step) -> None:
+        super().__init__()
+        self.step = step
+
+    def forward(self, tokens: Tensor, pos: Tensor, rows: Tensor, self_k: list[Tensor], self_v: list[Tensor],
+                cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor) -> Tensor:
+        return self.step(tokens, pos, rows, self_k, self_v, cross_k, cross_v, src_mask)
+
+
+def _example(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Copies of a call's arguments to trace with; the cache buffers get one row more than
+    the call has, so that buffer rows and rows are never equal in the example."""
+    def clone(x: Any) -> Any:
+        return [clone(t) for t in x] if isinstance(x, list) else x.clone()
+
+    tokens, pos, rows, self_k, self_v, cross_k, cross_v, mask = (clone(a) for a in args)
+    if self_k[0].size(0) == tokens.size(0):
+        self_k, self_v = ([torch.cat([b, b[:1]]) for b in bufs] for bufs in (self_k, self_v))
+    return tokens, pos, rows, self_k, self_v, cross_k, cross_v, mask
