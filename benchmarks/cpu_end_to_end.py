@@ -8,7 +8,10 @@ For each line count N (``--lines``; the input cycled to N lines):
   cache the first run left (``$AIAYN_CACHE_DIR``, one fresh folder per timed pair). Seconds
   run to the process's exit; the first output line is noticed when ``OUT.partial`` first
   grows (the command writes it a chunk of 10,000 lines at a time, so below that it is the
-  whole output), the last when ``OUT`` is renamed into place.
+  whole output), the last when ``OUT`` is renamed into place. A third run starts from a
+  cache where one earlier ``aiayn translate --compile on`` (untimed, on the first lines of
+  the input) built the model's compiled decoding step: what every run after a compiling one
+  (a server's start, a large file) finds.
 - CTranslate2 on the same weights (``aiayn export ctranslate2``, float32), in a fresh Python
   process that imports ctranslate2 and sentencepiece, reads the file, encodes it with the
   export's SentencePiece model, runs ``Translator.translate_batch``, decodes and writes:
@@ -21,8 +24,9 @@ Both use the same threads (``--threads``, default $AIAYN_NUM_THREADS, else 2: ai
 ``AIAYN_NUM_THREADS``, CTranslate2's ``intra_threads``). Figures: median seconds of
 ``--runs`` runs, lines/s, and each aiayn run's seconds over CTranslate2 int8's.
 
-``--serve``: ``aiayn serve --checkpoint CK`` (default options) and ``aiayn serve
---ctranslate2 EXPORT --compute-type int8`` in turn on loopback: seconds to the first
+``--serve``: ``aiayn serve --checkpoint CK`` (default options; the model's compiled step on
+disk, as the third file run has it) and ``aiayn serve --ctranslate2 EXPORT --compute-type
+int8`` in turn on loopback: seconds to the first
 answer of ``/health``, p50 latency of one-sentence requests sent one after the other, and
 requests/s of 16 concurrent clients (benchmarks/serve_load.py's client).
 
@@ -70,6 +74,8 @@ QUICK_LINES = "10,40"
 QUICK_SERVE = (10, 40)  # sequential requests, requests under load
 SERVE_SEQUENTIAL, SERVE_LOAD, SERVE_CLIENTS = 100, 400, 16
 POLL_S = 0.01
+COMPILE_SAMPLE_LINES = 200  # the untimed `--compile on` run that builds the compiled step
+BUILT_VARIANT = "the model's compiled step on disk"
 # What a user's environment could set that would change the command's defaults.
 PINNING_ENV = ("AIAYN_DTYPE", "TORCHINDUCTOR_CACHE_DIR")
 
@@ -315,6 +321,19 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path)
             "translate_s": float(done.group(2)) if done else None, "output_lines": count_lines(out)}
 
 
+def build_compiled_step(checkpoint: Path, src: Path, work: Path, threads: int, cache: Path) -> None:
+    """One untimed `aiayn translate --compile on` over the input's first lines: the model's
+    compiled decoding step into ``cache``."""
+    sample = work / "compile-sample.txt"
+    with open(src, encoding="utf-8") as f:
+        sample.write_text("".join(line for _, line in zip(range(COMPILE_SAMPLE_LINES), f)), encoding="utf-8")
+    proc = subprocess.run([python(), "-m", "aiayn", "translate", "--checkpoint", str(checkpoint), "-i", str(sample),
+                           "-o", str(work / "compile-sample.out"), "--compile", "on"], capture_output=True, text=True,
+                          env=command_env(threads, cache))
+    if proc.returncode != 0:
+        raise SystemExit(f"aiayn translate --compile on failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
 def run_ct2(model: Path, src: Path, out: Path, threads: int, compute_type: str, dec: dict[str, Any]) -> dict[str, Any]:
     out.unlink(missing_ok=True)
     settings = {"model": str(model), "compute_type": compute_type, "threads": threads, "input": str(src),
@@ -350,6 +369,10 @@ def _row(system: str, variant: str, n: int, runs: list[dict[str, Any]]) -> dict[
 def measure_files(args: argparse.Namespace, checkpoint: Path, ct2: Path | None, lines: list[str], work: Path,
                   dec: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     rows, ratios = [], []
+    built = work / "cache-built"  # the compiled step of the model, built once
+    shutil.rmtree(built, ignore_errors=True)
+    build_compiled_step(checkpoint, write_input(lines, COMPILE_SAMPLE_LINES, work / "input-sample.txt"), work,
+                        args.threads, built)
     for n in args.line_counts:
         src = write_input(lines, n, work / f"input-{n}.txt")
         got: dict[str, list[dict[str, Any]]] = {}
@@ -360,6 +383,7 @@ def measure_files(args: argparse.Namespace, checkpoint: Path, ct2: Path | None, 
             got.setdefault("second", []).append(run_aiayn(checkpoint, src, work / "out-aiayn.txt", args.threads,
                                                           cache))
             shutil.rmtree(cache, ignore_errors=True)
+            got.setdefault("built", []).append(run_aiayn(checkpoint, src, work / "out-aiayn.txt", args.threads, built))
             if ct2 is not None:
                 for ct in ("default", "int8"):
                     got.setdefault(ct, []).append(run_ct2(ct2, src, work / "out-ct2.txt", args.threads, ct, dec))
@@ -367,7 +391,8 @@ def measure_files(args: argparse.Namespace, checkpoint: Path, ct2: Path | None, 
                   file=sys.stderr)
         first = _row("aiayn", "first run (empty compile cache)", n, got["first"])
         second = _row("aiayn", "second run (the first run's compile cache)", n, got["second"])
-        rows += [first, second]
+        warm = _row("aiayn", BUILT_VARIANT, n, got["built"])
+        rows += [first, second, warm]
         ratio: dict[str, Any] = {"lines": n}
         if ct2 is not None:
             default = _row("ctranslate2", "default", n, got["default"])
@@ -375,6 +400,7 @@ def measure_files(args: argparse.Namespace, checkpoint: Path, ct2: Path | None, 
             rows += [default, int8]
             ratio["aiayn_first_over_ct2_int8"] = first["median_s"] / int8["median_s"]
             ratio["aiayn_second_over_ct2_int8"] = second["median_s"] / int8["median_s"]
+            ratio["aiayn_built_over_ct2_int8"] = warm["median_s"] / int8["median_s"]
         if first.get("compiled"):
             ratio["compile_cache_saved_s"] = first["median_s"] - second["median_s"]
         ratios.append(ratio)
@@ -449,8 +475,10 @@ def measure_serving(args: argparse.Namespace, checkpoint: Path, ct2: Path | None
         servers.append(("aiayn serve --ctranslate2 (int8)", ["--ctranslate2", str(ct2), "--compute-type", "int8"]))
     out = []
     for label, model_args in servers:
-        cache = work / "serve-cache"
-        shutil.rmtree(cache, ignore_errors=True)
+        # aiayn's server starts where the files' runs left the model's compiled step (BUILT_VARIANT)
+        cache = work / ("cache-built" if label == "aiayn serve" else "serve-cache")
+        if label != "aiayn serve":
+            shutil.rmtree(cache, ignore_errors=True)
         server, ready_s, log = launch(model_args, args.threads, cache)
         try:
             before = time.perf_counter()
@@ -467,7 +495,6 @@ def measure_serving(args: argparse.Namespace, checkpoint: Path, ct2: Path | None
                     "measured_until_s": ready_s + measured_s})
         print(f"  {label}: ready {ready_s:.1f} s, p50 {latency['p50_ms']:.1f} ms, "
               f"{result.throughput_rps:.1f} req/s", file=sys.stderr)
-        shutil.rmtree(cache, ignore_errors=True)
     return out
 
 
@@ -538,7 +565,8 @@ def print_report(report: dict[str, Any]) -> None:
     for r in report["ratios"]:
         if "aiayn_first_over_ct2_int8" in r:
             print(f"{r['lines']:>7} lines: aiayn / CTranslate2 int8 = {r['aiayn_first_over_ct2_int8']:.2f} "
-                  f"(first run), {r['aiayn_second_over_ct2_int8']:.2f} (second run)")
+                  f"(first run), {r['aiayn_second_over_ct2_int8']:.2f} (second run), "
+                  f"{r['aiayn_built_over_ct2_int8']:.2f} ({BUILT_VARIANT})")
     for s in report.get("serve") or []:
         print(f"{s['server']}: ready in {s['ready_s']:.1f} s; one sentence at a time p50 "
               f"{s['sequential']['p50_ms']:.1f} ms; {s['load']['clients']} clients {s['load']['throughput_rps']:.1f} "

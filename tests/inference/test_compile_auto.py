@@ -22,9 +22,11 @@ TINY_PARAMETERS = 500_000
     (10_000, BASE_PARAMETERS, "cpu", False, False),  # the warm-up from an empty cache is not won back
     (10_000, BASE_PARAMETERS, "cpu", True, True),  # from a warm cache it is
     (100_000, BASE_PARAMETERS, "cpu", False, True),
-    (100_000, TINY_PARAMETERS, "cpu", True, False),  # a tiny model saves next to nothing per line
-    (100_000, 7_600_000, "cpu", True, False),  # nor the Multi30k recipe's, measured
-    (10**7, 19_999_999, "cpu", True, False),  # below the smallest model that gains: never
+    (100_000, TINY_PARAMETERS, "cpu", True, False),  # a tiny model: below the smallest that gains
+    (10**7, 4_999_999, "cpu", True, False),
+    (3_000, 7_600_000, "cpu", True, True),  # the Multi30k recipe's model, its package on disk
+    (3_000, 7_600_000, "cpu", False, False),  # not worth building for 3,000 lines
+    (100_000, 7_600_000, "cpu", False, True),  # for a server's estimate, it is
     (100_000, BASE_PARAMETERS, "cuda", True, False),  # no estimate off the CPU: eager
 ])
 def test_compile_pays_for_long_inputs_and_large_models_only(lines, parameters, device, warm, expected) -> None:

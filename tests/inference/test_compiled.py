@@ -18,6 +18,7 @@ from aiayn.inference.compiled import CompiledDecoder, IndexedKVCache
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import search
 from aiayn.model import KVCache, Transformer, build_model
+from aiayn.model import cache as cache_module
 
 VOCAB = 40
 
@@ -66,7 +67,7 @@ def test_steps_match_the_eager_decoder_through_reorders(decoders):
                 tokens = want.argmax(-1).index_select(0, index)
     assert states[1].length == len(reorders) + 1
     _assert_compiled(compiled)
-    assert sorted(compiled.packages.runners) == [(2, False), (2, True)]  # several sentences, then one
+    assert list(compiled.packages.runners) == [2]  # one package for 3 sentences, then 2, then 1
 
 
 def _assert_compiled(decoder: CompiledDecoder) -> None:
@@ -117,22 +118,57 @@ def test_one_package_serves_batches_of_other_sizes_and_a_second_decoder_loads_it
     assert again.packages.built == [] and again.packages.loaded == [package]
 
 
+def test_buffers_that_grow_mid_search_give_the_eager_outputs(decoders, monkeypatch):
+    """Buffers of 2 positions double at positions 2, 4 and 8 while the searches run: the
+    package reads the grown buffers (positions are a symbolic size) through the rows table."""
+    monkeypatch.setattr(cache_module, "INITIAL_POSITIONS", 2)
+    eager, compiled = decoders
+    _search_twice(eager, compiled)
+
+
+def test_make_room_doubles_the_buffers_and_keeps_the_lineage():
+    g = torch.Generator().manual_seed(0)
+    cross = [(torch.randn(2, 2, 5, 4, generator=g), torch.randn(2, 2, 5, 4, generator=g))]
+    plain = KVCache.allocate(cross, torch.ones(2, 1, 1, 5, dtype=torch.bool), 6)
+    plain.reserve(2)
+    indexed = IndexedKVCache(plain)
+    indexed.layers[0].self_k = indexed.layers[0].self_k[:, :, :2].clone()  # 2 positions
+    indexed.layers[0].self_v = indexed.layers[0].self_v[:, :, :2].clone()
+    indexed.rows = indexed.rows[:2]
+    keys = torch.randn(2, 2, 2, 4, generator=g)
+    indexed.layers[0].self_k[:] = keys
+    indexed.length = 2
+    indexed.reorder(torch.tensor([1, 0]), same_sources=True)
+    before = indexed.rows.clone()
+    indexed.make_room()
+    assert indexed.positions == 4 and indexed.rows.shape == (4, 2)
+    assert torch.equal(indexed.rows[:2], before) and torch.equal(indexed.rows[2:], torch.tensor([[0, 1], [0, 1]]))
+    grown = indexed.layers[0].self_k
+    assert torch.equal(grown[:, :, :2], keys) and bool((grown[:, :, 2:] == 0).all())
+    indexed.length = 4
+    indexed.make_room()
+    assert indexed.positions == 6  # at most max_len
+    indexed.length = 6
+    with pytest.raises(RuntimeError, match="KV cache full: max_len=6"):
+        indexed.make_room()
+
+
 def test_a_package_is_keyed_by_the_weights_values_and_the_beam():
     """The same weights in another copy give the same file; one changed value, another
-    precision, another number of rows per source or one sentence instead of several give another."""
+    precision or another number of rows per source give another."""
     model = _model()
     cpu = torch.device("cpu")
 
-    def path(m: Transformer, per_source: int = 2, single: bool = False, dtype: torch.dtype | None = None):
-        return CompiledDecoder(optimize_for_inference(m, dtype=dtype)).packages.path(per_source, single, cpu)
+    def path(m: Transformer, per_source: int = 2, dtype: torch.dtype | None = None):
+        return CompiledDecoder(optimize_for_inference(m, dtype=dtype)).packages.path(per_source, cpu)
 
     same = [path(m) for m in (model, copy.deepcopy(model))]
     assert same[0] == same[1]
     changed = copy.deepcopy(model)
     with torch.no_grad():
         changed.decoder_layers[1].ffn.w_2.bias[3] += 1e-3
-    others = [path(changed), path(model, dtype=torch.int8), path(model, per_source=4), path(model, single=True)]
-    assert len({same[0], *others}) == 5
+    others = [path(changed), path(model, dtype=torch.int8), path(model, per_source=4)]
+    assert len({same[0], *others}) == 4
 
 
 def test_int8_steps_compile_with_the_same_integer_products(tmp_path):

@@ -208,9 +208,8 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
     return translator
 
 
-# What serving compiles before its first compiled answer: one sentence and a batch are two
-# shape families (a lone source is specialised). Other families (e.g. another beam size)
-# compile when first asked for.
+# What serving translates with the compiled steps before they answer: a sentence alone and a
+# batch (one compiled step serves both). Another beam size compiles when first asked for.
 WARM_UP = (["Compiling."], ["Compiling.", "Compiling a batch."])
 # The lines a server is counted on to translate, for `--compile auto`'s estimate.
 SERVER_LINES = 100_000

@@ -1,14 +1,14 @@
-"""A decoding step compiled ahead of time (AOTInductor), over a static-shape cache.
+"""A decoding step compiled ahead of time (AOTInductor), over a cache of symbolic shape.
 
 :class:`~aiayn.inference.adapters.IncrementalDecoder` attends over the filled prefix of
 the key/value cache, whose length grows every step: a compiled graph would be specialised
-to each length. Here the step attends over the cache's whole preallocated buffer
-(``max_len`` positions), the unfilled ones masked, and is told its position as a tensor: the
-shapes stay the same from step to step, so one compiled step serves the whole search (the
-sizes that vary between calls -- rows, source groups and lengths, cache positions -- are
-symbolic; heads and widths are constants). Inductor fuses the step's elementwise work
-(layer norms, residuals, int8 input quantization, the softmax) and, with the weights
-*frozen* in, treats them as constants it may repack for oneDNN. The compiled step is kept
+to each length. Here the step attends over the cache's whole buffer (16 positions at first,
+doubled when full), the unfilled ones masked, and is told its position as a tensor: one
+compiled step serves the whole search (the sizes that vary between calls -- rows, source
+groups and lengths, buffer positions -- are symbolic; heads and widths are constants).
+Inductor fuses the step's elementwise work (layer norms, residuals, int8 input
+quantization, the softmax) and, with the weights *frozen* in, treats them as constants it
+may repack for oneDNN. The compiled step is kept
 on disk as a package, keyed by the weights (:mod:`aiayn.inference.step_packages`): a later
 run with the same model loads it in well under a second.
 
@@ -26,8 +26,7 @@ The model is not touched: this module re-states the decoder layer's wiring
 (:meth:`aiayn.model.layers.DecoderLayer.step`) over the static cache, calling the
 layer's own sub-modules; tests hold the two to the same outputs. Steps that must return
 attention weights, the first step of a search (before beam expansion, with one row per
-sentence), and steps with one sentence left or a one-token source (sizes torch
-specialises) run the eager step.
+sentence), and steps over a one-token source (a size torch specialises) run the eager step.
 """
 
 from __future__ import annotations
@@ -51,35 +50,36 @@ StaticStep = Callable[..., Tensor]
 log = logging.getLogger(__name__)
 
 # `--compile auto`'s estimate (compile_pays). Compiling costs a warm-up before the first
-# compiled step: tens of seconds on a small CPU to build the step's package, a few seconds to
-# check the weights against and load one an earlier run built (step_packages).
-# Afterwards each line runs faster by an amount that grows with the model: estimated as
-# the model's parameters times SAVED_S_PER_LINE_PER_PARAMETER (from the base model's int8
-# eager and compiled decoding speeds, docs/results.md, at Multi30k's sentence lengths; a
-# smaller model saves less per line, and a tiny one nothing). Only the CPU path is
-# estimated; elsewhere `auto` decodes eagerly.
+# compiled step: tens of seconds on a small CPU to build the step's packages, well under a
+# second to check the weights and load the ones an earlier run built (step_packages).
+# Afterwards each line runs faster: by SAVED_S_PER_LINE (the eager step's per-step work the
+# compiled one does not do: cache copies on reorders, separate elementwise passes) plus the
+# model's parameters times SAVED_S_PER_LINE_PER_PARAMETER (fitted to the int8 eager and
+# compiled decoding of the Multi30k recipe's model, 7.6M parameters, and of the base model,
+# docs/results.md, at Multi30k's sentence lengths). Only the CPU path is estimated;
+# elsewhere `auto` decodes eagerly.
 COMPILE_WARMUP_S = {"cpu": 50.0}
-CACHED_COMPILE_WARMUP_S = {"cpu": 4.0}
-SAVED_S_PER_LINE_PER_PARAMETER = 8e-11
+CACHED_COMPILE_WARMUP_S = {"cpu": 1.0}
+SAVED_S_PER_LINE = 8e-4
+SAVED_S_PER_LINE_PER_PARAMETER = 6e-11
 # Never compile for fewer lines than this, whatever the estimate says.
 MIN_COMPILE_LINES = 1000
-# Nor a model smaller than this: the compiled steps of the Multi30k recipe's model (7.6M
-# parameters) decode no faster than its eager int8 steps on a CPU (docs/results.md).
-MIN_COMPILE_PARAMETERS = 20_000_000
+# Nor a model smaller than this: the gain was measured down to the Multi30k recipe's model.
+MIN_COMPILE_PARAMETERS = 5_000_000
 
 
 def compile_pays(lines: int | None, parameters: int, device: torch.device | str, warm: bool = False) -> bool:
     """Whether compiling the decoding steps of a model with ``parameters`` parameters on
     ``device`` is estimated to save more time over ``lines`` lines than its warm-up costs
-    (``warm``: inductor's cache holds the graphs from an earlier run). None lines (a stream
-    of unknown length) and devices without an estimate: no."""
+    (``warm``: an earlier run built the compiled steps of these weights). None lines (a
+    stream of unknown length) and devices without an estimate: no."""
     kind = torch.device(device).type
     if lines is None or lines < MIN_COMPILE_LINES or kind not in COMPILE_WARMUP_S:
         return False
     if parameters < MIN_COMPILE_PARAMETERS:
         return False
     warmup = (CACHED_COMPILE_WARMUP_S if warm else COMPILE_WARMUP_S)[kind]
-    return lines * parameters * SAVED_S_PER_LINE_PER_PARAMETER > warmup
+    return lines * (SAVED_S_PER_LINE + parameters * SAVED_S_PER_LINE_PER_PARAMETER) > warmup
 
 # Asking for the attention weights selects the explicit softmax(QK^T/sqrt(d))V in every
 # dtype (the weights themselves are dropped, so inductor never computes them beyond the
@@ -91,8 +91,8 @@ EXPLICIT = True
 def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
     """``step(tokens (R,), pos (), rows, self_k, self_v, cross_k, cross_v, src_mask) -> logits (R, V)``:
     one decoding step at position ``pos`` over caches given as per-layer lists; writes the
-    step's keys/values into the first R rows of ``self_k``/``self_v`` (>= R, H, max_len, d)
-    at ``pos``, and reads hypothesis i's at position t from row ``rows[t, i]`` (max_len, R)."""
+    step's keys/values into the first R rows of ``self_k``/``self_v`` (>= R, H, P, d; P
+    positions) at ``pos``, and reads hypothesis i's at position t from row ``rows[t, i]`` (P, R)."""
     positions = model.tgt_positions
     table = positions.table if positions.kind == "sinusoidal" else positions.learned.weight
     layers: list[DecoderLayer] = list(model.decoder_layers)  # type: ignore[arg-type]
@@ -113,7 +113,7 @@ def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
 
 class _Lineage(NamedTuple):
     """Where a step reads the self-attention cache: hypothesis i's key/value at position t is
-    in buffer row ``rows[t, i]`` (max_len, R); positions after ``pos`` are masked."""
+    in buffer row ``rows[t, i]`` (P, R); positions after ``pos`` are masked."""
 
     rows: Tensor
     pos: Tensor
@@ -123,10 +123,10 @@ class _Lineage(NamedTuple):
         with K and V gathered through ``rows`` as they are read: written as products and sums
         (not two batched matmuls) so that inductor fuses the gather into the loads."""
         t = torch.arange(self.rows.size(0), device=q.device)
-        k = k_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, max_len, d_k)
-        v = v_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, max_len, d_v)
+        k = k_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, P, d_k)
+        v = v_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, P, d_v)
         # In float32 whatever the cache's dtype: inductor widens the loads in place.
-        scores = (q.float() * k.float()).sum(-1) / math.sqrt(q.size(-1))  # (R, H, max_len)
+        scores = (q.float() * k.float()).sum(-1) / math.sqrt(q.size(-1))  # (R, H, P)
         scores = scores.masked_fill(t > self.pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         return (probs.unsqueeze(-1) * v.float()).sum(2).to(v.dtype)
@@ -162,7 +162,7 @@ class IndexedKVCache(KVCache):
 
     A beam reorder of :class:`KVCache` copies every filled key and value of every layer to
     follow the new rows: work that grows with the prefix, at every step. Here a reorder
-    only updates ``rows`` (max_len, R): hypothesis i's key/value at position t sits in
+    only updates ``rows`` (P, R): hypothesis i's key/value at position t sits in
     buffer row ``rows[t, i]``, and the compiled step reads through it. The buffers keep
     their rows when sentences finish (a finished row may hold a survivor's ancestors) and
     are gathered for real only when the rows outgrow them (beam expansion) and before an
@@ -170,7 +170,6 @@ class IndexedKVCache(KVCache):
     """
 
     def __init__(self, cache: KVCache) -> None:
-        cache.reserve(cache.max_len)  # the compiled step reads every position, unfilled ones masked
         super().__init__(cache.layers, cache.src_mask, cache.max_len, cache.group_size)
         for c in self.layers:
             # The layout a regrouping (index_select) gives them: new strides would recompile the step.
@@ -179,8 +178,26 @@ class IndexedKVCache(KVCache):
         self.rows = self._identity(cache.batch_size)
         self.moved = False  # rows differs from the identity
 
-    def _identity(self, n: int) -> Tensor:
-        return torch.arange(n, device=self.src_mask.device).repeat(self.max_len, 1)  # (max_len, n)
+    def _identity(self, n: int, positions: int | None = None) -> Tensor:
+        positions = self.positions if positions is None else positions
+        return torch.arange(n, device=self.src_mask.device).repeat(positions, 1)  # (positions, n)
+
+    @property
+    def positions(self) -> int:
+        """Positions the self-attention buffers hold (the compiled step attends over all of them)."""
+        return self.layers[0].self_k.size(2) if self.layers else self.max_len
+
+    def make_room(self) -> None:
+        """Before a compiled step: room for its position (the buffers doubled when full, up to
+        ``max_len``: attending over all of them costs less than over ``max_len`` from the
+        start), and the ``rows`` table as long as the buffers."""
+        self.check_room()
+        if self.length >= self.positions:
+            self.reserve(min(self.max_len, 2 * self.positions))
+        assert self.length < self.positions, "the compiled step writes one position past the filled ones"
+        missing = self.positions - self.rows.size(0)
+        if missing > 0:
+            self.rows = torch.cat([self.rows, self._identity(self.batch_size, missing)])
 
     @property
     def batch_size(self) -> int:
@@ -244,14 +261,15 @@ class CompiledDecoder(IncrementalDecoder):
 
     def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
         assert isinstance(state, IndexedKVCache), "a CompiledDecoder decodes over its own init_state"
+        if need_attn or state.length == 0 or self.compiled is None:
+            return self._eager_step(tokens, state, need_attn)
+        state.make_room()
         layers = state.layers
         args = (tokens, torch.tensor(state.length, device=tokens.device), state.rows,
                 [c.self_k for c in layers], [c.self_v for c in layers],
                 [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
-        if need_attn or state.length == 0 or self.compiled is None or not StepPackages.fits(args):
-            state.materialize()
-            return super().step(tokens, state, need_attn)
-        state.check_room()
+        if not StepPackages.fits(args):
+            return self._eager_step(tokens, state, need_attn)
         self._device = tokens.device
         try:
             logits = self.compiled(*args)
@@ -260,8 +278,11 @@ class CompiledDecoder(IncrementalDecoder):
             first_line = (str(exc).strip().splitlines() or [""])[0]
             log.warning("compiled decoding is unavailable (%s: %s); decoding eagerly", type(exc).__name__, first_line)
             self.compiled = None
-            state.materialize()
-            return super().step(tokens, state, need_attn)
+            return self._eager_step(tokens, state, need_attn)
         self.compiled_ran = True
         state.advance()
         return logits, None
+
+    def _eager_step(self, tokens: Tensor, state: IndexedKVCache, need_attn: bool) -> tuple[Tensor, Tensor | None]:
+        state.materialize()
+        return super().step(tokens, state, need_attn)

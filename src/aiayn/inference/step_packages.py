@@ -18,9 +18,9 @@ int8: oneDNN's packed weight is an opaque tensor that ``torch.export`` cannot tr
 exported copy's int8 layers compute with ``torch._int_mm`` over the same int8 weights
 (:meth:`~aiayn.inference.quantize.Int8Linear.with_int_mm`), the same integer products.
 
-Torch specialises sizes of 1, so one sentence (one source group) gets a package of its own,
-its rows fixed; a call with a one-token source or fewer than two cache positions or buffer
-rows is refused by :meth:`StepPackages.fits`, and the caller runs its eager step instead.
+A call with a one-token source or fewer than two cache positions or buffer rows (sizes torch
+specialises) is refused by :meth:`StepPackages.fits`, and the caller runs its eager step
+instead; one sentence (one source group) is within a package's sizes.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.inference.quantize import Int8Linear
-from aiayn.runtime import compile_cache_dir, cpu_flags
+from aiayn.runtime import compile_cache_dir, cpu_flags, use_compile_cache
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,7 @@ def _step_sizes(args: tuple[Any, ...]) -> dict[str, int]:
 
 
 class StepPackages:
-    """The compiled packages of one decoding step: one per rows-per-source count, for one
-sentence and for several.
+    """The compiled packages of one decoding step, one per rows-per-source count (the beam).
 
     ``step(tokens, pos, rows, self_k, self_v, cross_k, cross_v, src_mask)`` (see
     :func:`~aiayn.inference.compiled.static_step`) over ``modules`` (the weights it reads,
@@ -108,7 +107,7 @@ sentence and for several.
         self.tag = tag
         self.folder = folder
         self._fingerprint: str | None = None
-        self.runners: dict[tuple[int, bool], Step] = {}
+        self.runners: dict[int, Step] = {}
         self.built: list[Path] = []  # packages this object compiled
         self.loaded: list[Path] = []  # packages it found on disk
 
@@ -121,44 +120,41 @@ sentence and for several.
 
     def __call__(self, *args: Any) -> Tensor:
         s = _step_sizes(args)
-        family = (s["rows"] // s["groups"], s["groups"] == 1)
-        runner = self.runners.get(family)
+        per_source = s["rows"] // s["groups"]
+        runner = self.runners.get(per_source)
         if runner is None:
-            runner = self.runners[family] = self._runner(args, *family)
+            runner = self.runners[per_source] = self._runner(args, per_source)
         return runner(*args)
 
-    def path(self, per_source: int, single: bool, device: torch.device) -> Path:
-        """The package's file for ``per_source`` rows per source, for one sentence (``single``)
-        or several, on ``device``."""
+    def path(self, per_source: int, device: torch.device) -> Path:
+        """The package's file for ``per_source`` rows per source on ``device``."""
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.modules)
         key = json.dumps({"format": FORMAT, "weights": self._fingerprint, "tag": self.tag, "per_source": per_source,
-                          "single": single,
                           "torch": torch.__version__, "device": device.type, "cpu": sorted(cpu_flags())},
                          sort_keys=True)
         folder = self.folder if self.folder is not None else compile_cache_dir() / "aoti"
         return folder / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".pt2")
 
-    def _runner(self, args: tuple[Any, ...], per_source: int, single: bool) -> Step:
-        path = self.path(per_source, single, args[0].device)
+    def _runner(self, args: tuple[Any, ...], per_source: int) -> Step:
+        path = self.path(per_source, args[0].device)
         if path.is_file():
             self.loaded.append(path)
         else:
-            self._build(args, per_source, single, path)
+            self._build(args, per_source, path)
             self.built.append(path)
-        runner: Step = torch._inductor.aoti_load_package(str(path))
-        return runner
+        return _load(path)
 
-    def _build(self, args: tuple[Any, ...], per_source: int, single: bool, path: Path) -> None:
-        """Export the step with ``args`` as the example and compile it into ``path``; with
-        ``single``, the groups (1) and rows (``per_source``) are constants."""
+    def _build(self, args: tuple[Any, ...], per_source: int, path: Path) -> None:
+        """Export the step with ``args`` as the example and compile it into ``path``."""
         from torch.export import Dim
 
+        use_compile_cache()  # inductor's kernels too: a model of the same shapes builds faster
         # Outside inference mode: export writes into the example's cache buffers.
         with torch.inference_mode(False), torch.no_grad():
             example = _example(args)
-            groups = None if single else Dim("groups", min=2)
-            rows = groups if groups is None or per_source == 1 else per_source * groups
+            groups = Dim("groups", min=1)
+            rows = groups if per_source == 1 else per_source * groups
             positions, buffer_rows, source = Dim("positions", min=2), Dim("buffer_rows", min=2), Dim("source", min=2)
             layers = len(example[3])
             buffers = [{0: buffer_rows, 2: positions}] * layers
@@ -177,6 +173,28 @@ sentence and for several.
                 with contextlib.suppress(FileNotFoundError):
                     partial.unlink()
         log.info("compiled the decoding step into %s", path)
+
+
+def _load(path: Path) -> Step:
+    """The package at ``path`` as a function of the step's arguments.
+
+    ``torch._inductor.aoti_load_package`` first imports inductor and probes the CPU's vector
+    instruction sets by building test programs (about 2 s on a small CPU, once per process);
+    the C++ loader it wraps loads a package in milliseconds, and the CPU was already checked:
+    its flags are part of the package's name. torch's function is the fallback where that
+    loader is not where this torch version keeps it."""
+    loader_type = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
+    if loader_type is None:
+        runner: Step = torch._inductor.aoti_load_package(str(path))
+        return runner
+    loader = loader_type(str(path), "model", False, 1, -1)  # model name, single-threaded, runners, device index
+
+    def run(*args: Any) -> Tensor:
+        flat = [t for a in args for t in (a if isinstance(a, list) else [a])]  # the step's tensors, in order
+        out: Tensor = loader.boxed_run(flat)[0]
+        return out
+
+    return run
 
 
 class _Module(nn.Module):

@@ -55,7 +55,6 @@ from aiayn.runtime import (
     resolve_device,
     resolve_inference_dtype,
     torch_dtype,
-    use_compile_cache,
 )
 from aiayn.text.tokenizer import lang_tag
 from aiayn.vocab import BOS_ID, EOS_ID, EOS_PIECE, PAD_ID, UNK_ID
@@ -248,15 +247,14 @@ class Translator:
         return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
 
     def use_compiled(self, warm_up: Sequence[Sequence[str]] = ()) -> None:
-        """From now on decode with compiled steps (``aiayn.inference.compiled``), inductor's
-        artifacts cached on disk (:func:`aiayn.runtime.use_compile_cache`), so that a later
-        process compiling the same model loads them. ``warm_up``: batches of texts translated
+        """From now on decode with compiled steps (``aiayn.inference.compiled``), kept on disk
+        (:mod:`aiayn.inference.step_packages`), so that a later process with the same weights
+        loads them instead of compiling. ``warm_up``: batches of texts translated
         with the compiled steps before they replace the current ones, so that the calls
         meanwhile (e.g. a server's, from another thread) keep the eager steps until the
         compiled ones are ready."""
         if self.compiled:
             return
-        use_compile_cache()
         decoder = self._decoder(compiled=True)
         if warm_up:
             shadow = copy.copy(self)
