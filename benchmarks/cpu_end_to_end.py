@@ -321,12 +321,9 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path)
             "translate_s": float(done.group(2)) if done else None, "output_lines": count_lines(out)}
 
 
-def build_compiled_step(checkpoint: Path, src: Path, work: Path, threads: int, cache: Path) -> None:
-    """One untimed `aiayn translate --compile on` over the input's first lines: the model's
-    compiled decoding step into ``cache``."""
-    sample = work / "compile-sample.txt"
-    with open(src, encoding="utf-8") as f:
-        sample.write_text("".join(line for _, line in zip(range(COMPILE_SAMPLE_LINES), f)), encoding="utf-8")
+def build_compiled_step(checkpoint: Path, sample: Path, work: Path, threads: int, cache: Path) -> None:
+    """One untimed `aiayn translate --compile on` over ``sample``: the model's compiled
+    decoding step into ``cache``."""
     proc = subprocess.run([python(), "-m", "aiayn", "translate", "--checkpoint", str(checkpoint), "-i", str(sample),
                            "-o", str(work / "compile-sample.out"), "--compile", "on"], capture_output=True, text=True,
                           env=command_env(threads, cache))

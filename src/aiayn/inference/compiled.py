@@ -172,7 +172,8 @@ class IndexedKVCache(KVCache):
     def __init__(self, cache: KVCache) -> None:
         super().__init__(cache.layers, cache.src_mask, cache.max_len, cache.group_size)
         for c in self.layers:
-            # The layout a regrouping (index_select) gives them: new strides would recompile the step.
+            # The layout a regrouping (index_select) gives them: a package reads them with the strides
+            # of the example it was built from.
             c.cross_k, c.cross_v = c.cross_k.contiguous(), c.cross_v.contiguous()
         self.length = cache.length
         self.rows = self._identity(cache.batch_size)
@@ -249,10 +250,9 @@ class CompiledDecoder(IncrementalDecoder):
         parts = [twin.tgt_embed, twin.tgt_positions, twin.decoder_layers, project]
         if twin.decoder_norm is not None:
             parts.append(twin.decoder_norm)
-        dtype = next(p.dtype for p in twin.parameters() if p.is_floating_point())
-        self._device = torch.device("cpu")  # where the steps run: set at each compiled step
-        self.packages = StepPackages(static_step(twin, project), parts, lambda: self._precision(self._device),
-                                     tag=f"{dtype}, autocast {self.autocast}", folder=folder)
+        # The weights' dtypes are in the packages' fingerprint; autocast is not.
+        self.packages = StepPackages(static_step(twin, project), parts, self._precision,
+                                     tag=f"autocast {self.autocast}", folder=folder)
         self.compiled: StaticStep | None = self.packages
         self.compiled_ran = False  # a compiled step has run (its package is built or loaded)
 
@@ -270,7 +270,6 @@ class CompiledDecoder(IncrementalDecoder):
                 [c.cross_k for c in layers], [c.cross_v for c in layers], state.src_mask)
         if not StepPackages.fits(args):
             return self._eager_step(tokens, state, need_attn)
-        self._device = tokens.device
         try:
             logits = self.compiled(*args)
         except Exception as exc:  # noqa: BLE001 - e.g. no C++ compiler for inductor on this machine

@@ -68,7 +68,7 @@ def weights_fingerprint(modules: Iterable[nn.Module]) -> str:
             if t.layout == torch._mkldnn:  # type: ignore[attr-defined]  # oneDNN's packed layout
                 t = t.to_dense()
             digest.update(f"{i}:{name}:{t.dtype}:{tuple(t.shape)};".encode())
-            digest.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().tobytes())
+            digest.update(t.detach().reshape(-1).contiguous().cpu().view(torch.uint8).numpy().data)  # no copy
     return digest.hexdigest()
 
 
@@ -95,12 +95,14 @@ class StepPackages:
 
     ``step(tokens, pos, rows, self_k, self_v, cross_k, cross_v, src_mask)`` (see
     :func:`~aiayn.inference.compiled.static_step`) over ``modules`` (the weights it reads,
-    already made :func:`exportable`); ``precision``: the context the step is traced in (e.g.
-    autocast); ``tag``: what else the compiled code depends on (the precision's name).
+    already made :func:`exportable`); ``precision(device)``: the context the step is traced in
+    (e.g. autocast); ``tag``: what else the compiled code depends on, beyond the weights' names,
+    dtypes and values (e.g. the autocast dtype).
     """
 
-    def __init__(self, step: Step, modules: list[nn.Module], precision: Callable[[], AbstractContextManager[None]],
-                 tag: str, folder: Path | None = None) -> None:
+    def __init__(self, step: Step, modules: list[nn.Module],
+                 precision: Callable[[torch.device], AbstractContextManager[None]], tag: str,
+                 folder: Path | None = None) -> None:
         self.step = step
         self.modules = modules
         self.precision = precision
@@ -115,7 +117,7 @@ class StepPackages:
     def fits(args: tuple[Any, ...]) -> bool:
         """Whether a package can run a call with these arguments (else: the eager step)."""
         s = _step_sizes(args)
-        return (s["groups"] >= 1 and s["source_length"] >= 2 and s["positions"] >= 2 and s["buffer_rows"] >= 2
+        return (s["source_length"] >= 2 and s["positions"] >= 2 and s["buffer_rows"] >= 2
                 and s["rows"] % s["groups"] == 0 and s["buffer_rows"] >= s["rows"])
 
     def __call__(self, *args: Any) -> Tensor:
@@ -161,7 +163,7 @@ class StepPackages:
             cross = [{0: groups, 2: source}] * layers
             shapes = ({0: rows}, None, {0: positions, 1: rows}, buffers, buffers, cross, cross, {0: groups, 3: source})
             # Sizes equal by chance in the example stay separate symbols.
-            with self.precision(), torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            with self.precision(example[0].device), torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 program = torch.export.export(_Module(self.step), example, dynamic_shapes=shapes, strict=False)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.pt2")

@@ -461,8 +461,8 @@ class Translator:
         required = [piece for i in batch for phrase in lexical.get(i, ([], []))[0] for piece in phrase]
         decoder = self._shortlisted(src, [*(prefix or []), required]) if cfg.shortlist else self.decoder
         if any(i in lexical for i in batch):
-            constraint = LexicalConstraint([lexical.get(i, ([], []))[0] for i in batch],
-                                           [lexical.get(i, ([], []))[1] for i in batch], eos=EOS_ID)
+            include, exclude = zip(*(lexical.get(i, ([], [])) for i in batch))
+            constraint = LexicalConstraint(include, exclude, eos=EOS_ID)
         hyps = search(decoder, src, cfg, prefix=prefix, need_attn=attention,
                       pad=PAD_ID, bos=BOS_ID, eos=EOS_ID, constraint=constraint)
         for k in [k for k, i in enumerate(batch) if not hyps[k] and i in lexical]:
