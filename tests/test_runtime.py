@@ -212,3 +212,43 @@ def test_on_a_passing_thread_raises_the_work_s_exception_here():
     with pytest.raises(CheckpointError) as caught:
         on_a_passing_thread(fail)
     assert caught.value is error
+
+
+EXIT_NOW = """
+import atexit, logging, sys
+from aiayn.runtime import exit_now
+logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+atexit.register(lambda: print("teardown ran"))
+print("the output", end="")
+logging.getLogger("x").info("a log line")
+exit_now(3)
+"""
+
+
+def test_exit_now_flushes_the_outputs_and_skips_the_teardown():
+    proc = subprocess.run([sys.executable, "-c", EXIT_NOW], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "the output", "a log line\n")
+
+
+@pytest.mark.parametrize("argv, exits_at_once", [(None, True), (["translate", "--checkpoint", "x"], False)])
+def test_one_shot_commands_exit_at_once_only_from_the_process_command_line(monkeypatch: pytest.MonkeyPatch,
+                                                                          argv, exits_at_once):
+    from aiayn.cli import main as cli
+
+    ended = []
+    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "--checkpoint", "x"])
+    monkeypatch.setattr(cli, "set_threads", lambda n: n)
+    monkeypatch.setattr(cli, "exit_now", lambda code: (ended.append(code), sys.exit(code)))
+    parser = cli.build_parser()
+    real = parser.parse_args
+
+    def parse_args(args):
+        parsed = real(args)
+        parsed.func = lambda a: 0
+        return parsed
+
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(parser, "parse_args", parse_args)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 0 and ended == ([0] if exits_at_once else [])

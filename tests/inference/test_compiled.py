@@ -50,7 +50,7 @@ def _sources() -> torch.Tensor:
 
 
 def test_steps_match_the_eager_decoder_through_reorders(decoders):
-    """Logits at every step equal the eager step's, while the rows are regrouped (beam
+    """Log-probabilities at every step equal the eager step's, while the rows are regrouped (beam
     expansion), shuffled within their sentences and dropped (a sentence finishing)."""
     eager, compiled = decoders
     src = _sources()
@@ -61,7 +61,7 @@ def test_steps_match_the_eager_decoder_through_reorders(decoders):
     with torch.inference_mode():
         for step, index in enumerate([*reorders, None]):
             (want, _), (got, _) = (d.step(tokens, s) for d, s in zip(decoders, states))
-            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=f"step {step}")
+            torch.testing.assert_close(got, torch.log_softmax(want, dim=-1), atol=1e-5, rtol=1e-5, msg=f"step {step}")
             if index is not None:
                 states = [d.reorder(s, index) for d, s in zip(decoders, states)]
                 tokens = want.argmax(-1).index_select(0, index)
@@ -140,6 +140,8 @@ def test_make_room_doubles_the_buffers_and_keeps_the_lineage():
     indexed.length = 2
     indexed.reorder(torch.tensor([1, 0]), same_sources=True)
     before = indexed.rows.clone()
+    junk = torch.full((2, 2, 4, 4), float("nan"))  # memory the allocator may hand back to the grown buffer
+    del junk
     indexed.make_room()
     assert indexed.positions == 4 and indexed.rows.shape == (4, 2)
     assert torch.equal(indexed.rows[:2], before) and torch.equal(indexed.rows[2:], torch.tensor([[0, 1], [0, 1]]))
@@ -187,7 +189,7 @@ def test_steps_that_return_attention_run_the_eager_step(decoders):
             (want, w_attn), (got, g_attn) = (d.step(tokens, s, need_attn=True) for d, s in zip(decoders, states))
             assert g_attn is not None
             torch.testing.assert_close(g_attn, w_attn)
-            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(got, torch.log_softmax(want, dim=-1))
             tokens = want.argmax(-1)
 
 

@@ -24,6 +24,7 @@ from aiayn.inference.search import (
     row_topk,
     sample,
     search,
+    topk_block,
 )
 
 NEG_INF = float("-inf")
@@ -469,6 +470,10 @@ def test_row_topk_equals_torch_topk(shape: tuple[int, int]) -> None:
         finite = torch.isfinite(ref_vals)  # equal -inf values may come from other columns
         assert torch.equal(cols[finite], ref_cols[finite])
         assert torch.equal(x.gather(1, cols), vals)
+
+
+def test_topk_block_balances_block_maxima_and_candidates() -> None:
+    assert [topk_block(v, k) for v, k in [(8000, 8), (32000, 8), (8000, 1), (16, 8)]] == [64, 128, 128, 4]
 
 
 @pytest.mark.parametrize("v, k, block", [(64, 2, 8), (67, 2, 8), (48, 3, 4), (50, 3, 4), (31, 2, 8)])

@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     options.add_decode_flags(p)
     options.add_device_flags(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, exit_at_once=True)  # main: no interpreter teardown after the outputs are closed
 
 
 def _check_args(args: argparse.Namespace) -> None:

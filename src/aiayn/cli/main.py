@@ -14,7 +14,7 @@ import sys
 import aiayn
 from aiayn import fileio
 from aiayn.errors import AiaynError
-from aiayn.runtime import set_threads, tune_allocator
+from aiayn.runtime import exit_now, set_threads, tune_allocator
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print(f"aiayn {args.command}: interrupted", file=sys.stderr)
         sys.exit(130)
+    if argv is None and getattr(args, "exit_at_once", False):  # the process's own command line
+        exit_now(code or 0)
     sys.exit(code or 0)
 
 

@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         notes={"beam": "default 21", "lenpen": "default 0.3", "max_len_a": "default 1", "max_len_b": "default 300",
                "batch_tokens": "default: the checkpoint's"})
     options.add_device_flags(g)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, exit_at_once=True)  # main: no interpreter teardown after the outputs are closed
 
 
 def _check_args(args: argparse.Namespace) -> None:

@@ -108,7 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="continue the OUTPUT.partial an interrupted run of the same command left")
     options.add_on_invalid_utf8(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar or summary on stderr")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, exit_at_once=True)  # main: no interpreter teardown after the outputs are closed
 
 
 # --------------------------------------------------------------------------- input

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.optimize import OptimizedModel
+from aiayn.inference.search import step_log_probs
 from aiayn.inference.step_packages import StepPackages, exportable
 from aiayn.model import KVCache, Transformer
 from aiayn.model.layers import DecoderLayer
@@ -89,8 +90,9 @@ EXPLICIT = True
 
 
 def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
-    """``step(tokens (R,), pos (), rows, self_k, self_v, cross_k, cross_v, src_mask) -> logits (R, V)``:
-    one decoding step at position ``pos`` over caches given as per-layer lists; writes the
+    """``step(tokens (R,), pos (), rows, self_k, self_v, cross_k, cross_v, src_mask) -> log-probabilities
+    (R, V)``, float32 (the log-softmax fused into the step: one pass over the vocabulary instead of
+    the search's three): one decoding step at position ``pos`` over caches given as per-layer lists; writes the
     step's keys/values into the first R rows of ``self_k``/``self_v`` (>= R, H, P, d; P
     positions) at ``pos``, and reads hypothesis i's at position t from row ``rows[t, i]`` (P, R)."""
     positions = model.tgt_positions
@@ -106,7 +108,7 @@ def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
             y = _layer_step(layer, y, lineage, self_k[i], self_v[i], cross_k[i], cross_v[i], src_mask)
         if model.decoder_norm is not None:
             y = model.decoder_norm(y)
-        return project(y[:, 0])
+        return torch.log_softmax(project(y[:, 0]).float(), dim=-1)
 
     return step
 
@@ -237,8 +239,10 @@ class CompiledDecoder(IncrementalDecoder):
     (:mod:`aiayn.inference.step_packages`), loaded from the compile cache when an earlier run
     built it for these weights, else exported and compiled at the first step that can use it
     (tens of seconds on a small CPU). The weights are frozen into the package as they are
-    then: optimize and compile again after changing them.
+    then: optimize and compile again after changing them. Its steps return log-probabilities.
     """
+
+    normalized = True
 
     def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None,
                  folder: Path | None = None) -> None:
@@ -284,4 +288,5 @@ class CompiledDecoder(IncrementalDecoder):
 
     def _eager_step(self, tokens: Tensor, state: IndexedKVCache, need_attn: bool) -> tuple[Tensor, Tensor | None]:
         state.materialize()
-        return super().step(tokens, state, need_attn)
+        logits, attn = super().step(tokens, state, need_attn)
+        return step_log_probs(logits, normalized=False), attn

@@ -31,6 +31,7 @@ Conventions (shared by the three searches):
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, overload
 
@@ -211,36 +212,41 @@ def _ban_repeated_ngrams(lprobs: Tensor, t: int, hist: Tensor, n: int) -> None:
             lprobs[rows, windows[rows, which, -1]] = NEG_INF
 
 
-# Columns per vocabulary block in row_topk: large enough that the block maxima are few, small
-# enough that the k best blocks leave few candidate columns, for vocabularies of tens of thousands.
-TOPK_BLOCK = 128
+def topk_block(v: int, k: int) -> int:
+    """Columns per vocabulary block in :func:`row_topk`: the power of two nearest 2 sqrt(v / k),
+    which balances the top-k over the v / block block maxima against the one over the k * block
+    candidate columns (64 for 8,000 pieces and k = 8, 128 for 32,000)."""
+    return 2 ** max(0, round(math.log2(2 * math.sqrt(v / k))))
 
 
-def row_topk(x: Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[Tensor, Tensor]:
+def row_topk(x: Tensor, k: int, block: int | None = None) -> tuple[Tensor, Tensor]:
     """``x.topk(k, dim=1)`` for (R, V) rows with a large V, computed over a few blocks of columns.
 
-    The k largest values of a row lie in the k blocks (of ``block`` columns) with the largest
-    maxima: a block outside those has a maximum below k others, each a distinct larger value.
-    So: block maxima (one vectorised reduction), the k best blocks, top-k among their k*block
-    columns and the last, partial block. torch.topk's CPU kernel selects over all V with a
-    scalar partial sort, slower on a CPU than this vectorised reduction over the rows. Values
-    equal torch.topk's; among exactly equal values either may pick a different index. Rows of
-    fewer than 4k blocks go to torch.topk.
+    The k largest values of a row lie in the k blocks (of ``block`` columns, default
+    :func:`topk_block`) with the largest maxima: a block outside those has a maximum below k
+    others, each a distinct larger value. So: block maxima (one vectorised reduction), the k
+    best blocks, top-k among their k*block columns, merged with the top-k of the last, partial
+    block. torch.topk's CPU kernel selects over all V with a scalar partial sort, slower on a
+    CPU than this vectorised reduction over the rows. Values equal torch.topk's; among exactly
+    equal values either may pick a different index. Rows of fewer than 4k blocks go to
+    torch.topk.
     """
     rows, v = x.shape
+    block = topk_block(v, k) if block is None else block
     n_blocks = v // block
     if n_blocks < 4 * k:
         return x.topk(k, dim=1)
     full = n_blocks * block
     blocks = x[:, :full].unflatten(1, (n_blocks, block))  # (R, n_blocks, block), a view
     best_blocks = blocks.amax(dim=2).topk(k, dim=1).indices  # (R, k)
-    candidates = blocks.gather(1, best_blocks[:, :, None].expand(-1, -1, block)).flatten(1)  # (R, k*block)
-    columns = (best_blocks[:, :, None] * block + torch.arange(block, device=x.device)).flatten(1)
-    if full < v:  # the partial block is always a candidate
-        candidates = torch.cat([candidates, x[:, full:]], dim=1)
-        columns = torch.cat([columns, torch.arange(full, v, device=x.device).expand(rows, -1)], dim=1)
+    candidates = blocks[torch.arange(rows, device=x.device)[:, None], best_blocks].flatten(1)  # (R, k*block)
     vals, pos = candidates.topk(k, dim=1)  # (R, k)
-    return vals, columns.gather(1, pos)
+    cols = best_blocks.gather(1, pos.div(block, rounding_mode="floor")) * block + pos.remainder(block)
+    if full < v:  # the partial block's own best, merged
+        tail_vals, tail_cols = x[:, full:].topk(min(k, v - full), dim=1)
+        vals, pos = torch.cat([vals, tail_vals], dim=1).topk(k, dim=1)
+        cols = torch.cat([cols, tail_cols + full], dim=1).gather(1, pos)
+    return vals, cols
 
 
 def step_log_probs(logits: Tensor, normalized: bool) -> Tensor:

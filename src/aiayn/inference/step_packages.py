@@ -47,7 +47,7 @@ from aiayn.runtime import compile_cache_dir, cpu_flags, use_compile_cache
 log = logging.getLogger(__name__)
 
 Step = Callable[..., Tensor]
-FORMAT = 1  # bumped when the step's signature or the key's contents change
+FORMAT = 2  # bumped when the step's signature or the key's contents change
 
 
 def _named_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:

@@ -42,9 +42,9 @@ class LayerCache:
 
 def _longer(buf: Tensor, positions: int, filled: int) -> Tensor:
     """``buf`` (R, H, P, d) with room for ``positions``; its first ``filled`` positions kept."""
-    # zeros, not empty: see KVCache._gather.
-    out = torch.zeros(buf.shape[:2] + (positions,) + buf.shape[3:], dtype=buf.dtype, device=buf.device)
+    out = buf.new_empty(buf.shape[:2] + (positions,) + buf.shape[3:])
     out[:, :, :filled] = buf[:, :, :filled]
+    out[:, :, filled:] = 0  # zeros past the prefix, not garbage: see KVCache._gather
     return out
 
 
