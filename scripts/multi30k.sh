@@ -10,13 +10,17 @@
 #   MEMBERS=1 bash scripts/multi30k.sh            # one model on all the threads, no ensemble
 #   SEED=3 bash scripts/multi30k.sh               # members with seeds 3 and 4 instead of 1 and 2
 #   DATA_DIR=/path/to/mirror RUN=runs/x bash scripts/multi30k.sh train.max_time_minutes=10
+#   COMPILE=auto bash scripts/multi30k.sh         # test translation without building compiled steps
 #
 # The corpus comes from the mirror folder DATA_DIR, else $AIAYN_DATA_MIRROR; with neither,
 # `aiayn prepare` downloads it (into $AIAYN_CACHE_DIR, default ~/.cache/aiayn/datasets).
 # Extra arguments are config overrides passed to `aiayn train` (with several members, each
 # member's seed comes after them; with MEMBERS=1, SEED only if given). Why two members: on 2
 # cores two 1-thread trainings make more updates between them than one 2-thread training, and
-# on val the ensemble of two models scores above their mean (docs/results.md).
+# on val the ensemble of two models scores above their mean (docs/results.md). The test
+# translation runs with `--compile $COMPILE` (default on): it leaves each member's compiled
+# decoding step in the compile cache, so later translations with these models on this machine
+# start warm instead of decoding eagerly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The config's data section (one "key: value" line each, as in configs/) names the languages.
@@ -43,6 +47,8 @@ SEED_GIVEN=()
 [ -z "${SEED:-}" ] || SEED_GIVEN=("train.seed=$SEED")
 SEED=${SEED:-1}
 [[ "$SEED" =~ ^[0-9]+$ ]] || { echo "multi30k.sh: SEED=$SEED: give a whole number, the first member's seed" >&2; exit 2; }
+COMPILE=${COMPILE:-on}
+[[ "$COMPILE" =~ ^(on|off|auto)$ ]] || { echo "multi30k.sh: COMPILE=$COMPILE: give on, off or auto" >&2; exit 2; }
 AIAYN=${AIAYN:-.venv/bin/aiayn}
 [ -x "$AIAYN" ] || AIAYN=aiayn
 
@@ -96,7 +102,7 @@ ENSEMBLE=()
 
 echo "== translate test_2016_flickr (${#CHECKPOINTS[@]} model(s); the decode section of $CONFIG)"
 $AIAYN translate --checkpoint "${CHECKPOINTS[@]}" "${ENSEMBLE[@]}" --input "$PREPARED/test.src.txt" \
-    --output "$RUN/test.hyp.$TGT"
+    --output "$RUN/test.hyp.$TGT" --compile "$COMPILE"
 
 echo "== score (sacreBLEU)"
 $AIAYN evaluate --hyp "$RUN/test.hyp.$TGT" --ref "$PREPARED/test.tgt.txt" | tee "$RUN/test.score.txt"

@@ -28,6 +28,7 @@ SEED_LINE = "give a whole number, the first member's seed"
 @pytest.mark.parametrize(("name", "value", "message"), [
     *(("MEMBERS", v, MEMBERS_LINE) for v in ("0", "two", "-1", "1.5")),
     *(("SEED", v, SEED_LINE) for v in ("x", "-3", "1.5")),
+    *(("COMPILE", v, "give on, off or auto") for v in ("yes", "1")),
 ])
 def test_members_and_seed_must_be_whole_numbers(tmp_path: Path, name: str, value: str, message: str) -> None:
     proc = _script(tmp_path, **{name: value})
@@ -71,7 +72,7 @@ def test_members_train_side_by_side_with_their_seeds_and_translate_as_one(tmp_pa
                                            for k in (1, 2)]
     assert _calls(tmp_path, "translate") == [
         f"threads=4 translate --checkpoint {run}/member1/averaged {run}/member2/averaged --ensemble "
-        f"--input {prep}/test.src.txt --output {run}/test.hyp.de"]
+        f"--input {prep}/test.src.txt --output {run}/test.hyp.de --compile on"]
 
 
 @pytest.mark.parametrize("seed", [None, "5"])
@@ -85,7 +86,8 @@ def test_one_member_is_the_single_model_recipe(tmp_path: Path, seed: str | None)
         f"threads=4 train --config configs/multi30k_en_de.yaml --run-dir {run} data.prepared_dir={prep} "
         f"train.max_steps=9" + (f" train.seed={seed}" if seed else "")]
     assert _calls(tmp_path, "translate") == [
-        f"threads=4 translate --checkpoint {run}/averaged --input {prep}/test.src.txt --output {run}/test.hyp.de"]
+        f"threads=4 translate --checkpoint {run}/averaged --input {prep}/test.src.txt --output {run}/test.hyp.de "
+        "--compile on"]
 
 
 @pytest.mark.parametrize(("data_dir", "mirror", "expected"), [
