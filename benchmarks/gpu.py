@@ -404,6 +404,7 @@ def build_decode_models(root: Path, sizes: Sizes) -> dict[str, Path]:
     its HF export and the CTranslate2 conversion of that, as far as the peers import."""
     from aiayn.checkpoint.directory import save_checkpoint
     from aiayn.config import Config
+    from aiayn.errors import InteropError
     from aiayn.model import build_model
     from aiayn.text.tokenizer import train_tokenizer
 
@@ -419,12 +420,16 @@ def build_decode_models(root: Path, sizes: Sizes) -> dict[str, Path]:
 
         save_hf_dir(model, cfg, tok, root / "hf", warn_generation=False)
         paths["hf"] = root / "hf"
+    except (ImportError, InteropError) as exc:
+        print(f"  HF transformers unavailable: {exc}", file=sys.stderr)
+        return paths
+    try:
         from aiayn.interop.ctranslate2 import convert_hf_dir
 
         convert_hf_dir(root / "hf", root / "ct2")
         paths["ctranslate2"] = root / "ct2"
-    except ImportError as exc:
-        print(f"  peers unavailable: {exc}", file=sys.stderr)
+    except (ImportError, InteropError) as exc:  # the peer is not installed: its rows say so
+        print(f"  CTranslate2 unavailable: {exc}", file=sys.stderr)
     return paths
 
 
@@ -496,11 +501,19 @@ def decoding(sizes: Sizes, device: torch.device, dtype: str, compile: bool) -> l
             ("aiayn", lambda: aiayn_decoder(paths["aiayn"], dtype, device, sizes))]
         if compile:
             systems.append(("aiayn+compile", lambda: aiayn_decoder(paths["aiayn"], dtype, device, sizes, True)))
-        systems += [("hf", lambda: hf_decoder(paths["hf"], dtype, device, sizes)),
-                    ("ctranslate2", lambda: ct2_decoder(paths["ctranslate2"], paths["hf"], dtype, device, sizes))]
+        systems += [("hf", lambda: hf_decoder(_built(paths, "hf"), dtype, device, sizes)),
+                    ("ctranslate2", lambda: ct2_decoder(_built(paths, "ctranslate2"), paths["hf"], dtype, device,
+                                                        sizes))]
         for system, build in systems:
             rows += _decode_rows(system, build, sizes, device, dtype)
     return rows
+
+
+def _built(paths: dict[str, Path], system: str) -> Path:
+    """The model directory of ``system``; a peer whose package did not import has none."""
+    if system not in paths:
+        raise RuntimeError(f"{system} is not installed here")
+    return paths[system]
 
 
 def _decode_rows(system: str, build: Callable[[], Callable], sizes: Sizes, device: torch.device,

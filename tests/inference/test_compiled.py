@@ -6,6 +6,7 @@ One compiled decoder per module (compiling costs seconds even for a tiny model);
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import shutil
 
@@ -17,6 +18,7 @@ from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder, IndexedKVCache
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import search
+from aiayn.inference.step_packages import StepPackages
 from aiayn.model import KVCache, Transformer, build_model
 from aiayn.model import cache as cache_module
 
@@ -278,3 +280,19 @@ def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCapture
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     assert calls == [1] and failing.compiled is None
     assert "compiled decoding is unavailable (RuntimeError: InductorError: no C++ compiler found)" in caplog.text
+
+
+def test_a_package_off_the_cpu_is_refused_before_anything_is_built(tmp_path):
+    """Loading a CUDA package of the step crashed the process: other devices get a clear
+    error instead (CompiledDecoder then decodes eagerly), and no package is built."""
+    packages = StepPackages(lambda *args: args[0], [], lambda device: contextlib.nullcontext(), tag="t",
+                            folder=tmp_path)
+
+    def meta(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, device="meta")
+
+    args = (meta(4), meta(), meta(3, 4), [meta(5, 2, 3, 8)], [meta(5, 2, 3, 8)], [meta(2, 2, 6, 8)],
+            [meta(2, 2, 6, 8)], meta(2, 1, 1, 6))
+    with pytest.raises(RuntimeError, match="built for the CPU only, not meta"):
+        packages(*args)
+    assert packages.built == [] and list(tmp_path.iterdir()) == []

@@ -4,6 +4,7 @@ present (``pytest -m cuda``); skips elsewhere."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -65,17 +66,17 @@ def test_a_cuda_ensemble_matches_the_cpus(tiny_checkpoint: Path, second_checkpoi
     _assert_same_where_margins_allow(cpu, gpu, english[:16])
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_compiled_decoding_on_cuda_matches_eager(tiny_checkpoint: Path, english: list[str], dtype: str) -> None:
-    if dtype == "bf16" and not cuda_native_bf16():
-        pytest.skip("platform: no bf16 on this GPU")
-    eager = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype)
-    compiled = Translator.from_checkpoint(tiny_checkpoint, device="cuda", dtype=dtype, compile=True)
+def test_compiled_decoding_on_cuda_decodes_eagerly_with_a_warning(tiny_checkpoint: Path, english: list[str],
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Loading an AOTInductor package of the step crashed the process on CUDA: `--compile` there
+    builds nothing, warns once and gives the eager outputs."""
+    eager = Translator.from_checkpoint(tiny_checkpoint, device="cuda")
+    compiled = Translator.from_checkpoint(tiny_checkpoint, device="cuda", compile=True)
     texts = english[:8]
-    if dtype == "fp32":
-        _assert_same_where_margins_allow(eager, compiled, texts)
-    else:  # bf16 rounding differs between fused and unfused kernels: every sentence decodes
-        assert len(compiled.translate(texts)) == len(texts)
+    with caplog.at_level(logging.WARNING, logger="aiayn.inference.compiled"):
+        assert compiled.translate(texts) == eager.translate(texts)
+    assert compiled.decoder.compiled is None and compiled.decoder.packages.built == []
+    assert sum("built for the CPU only" in r.getMessage() for r in caplog.records) == 1
 
 
 GOLD = [

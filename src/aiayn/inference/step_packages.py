@@ -48,6 +48,11 @@ log = logging.getLogger(__name__)
 
 Step = Callable[..., Tensor]
 FORMAT = 2  # bumped when the step's signature or the key's contents change
+# The devices packages are built for. On CUDA, loading a package of this step crashed the
+# process (a segmentation fault, with torch's loader and its public function alike: no
+# fallback can catch that; docs/gpu.md), so a call there is refused before anything is built,
+# and the caller decodes eagerly.
+PACKAGE_DEVICES = ("cpu",)
 
 
 def _named_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
@@ -139,7 +144,11 @@ class StepPackages:
         return folder / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".pt2")
 
     def _runner(self, args: tuple[Any, ...], per_source: int) -> Step:
-        path = self.path(per_source, args[0].device)
+        device = args[0].device
+        if device.type not in PACKAGE_DEVICES:
+            raise RuntimeError(f"compiled decoding steps are built for the CPU only, not {device.type} "
+                               "(loading a CUDA package of the step crashed the process)")
+        path = self.path(per_source, device)
         if path.is_file():
             self.loaded.append(path)
         else:
