@@ -296,3 +296,36 @@ def test_a_package_off_the_cpu_is_refused_before_anything_is_built(tmp_path):
     with pytest.raises(RuntimeError, match="built for the CPU only, not meta"):
         packages(*args)
     assert packages.built == [] and list(tmp_path.iterdir()) == []
+
+
+ONE_SENTENCE = torch.tensor([[5, 9, 14, 7, 3]])
+
+
+def _one_sentence_search(eager: IncrementalDecoder, compiled: CompiledDecoder,
+                         src: torch.Tensor = ONE_SENTENCE) -> None:
+    """Beam 4, 20 forced tokens (the buffers grow past their first 16 positions), by default
+    over one sentence; the outputs equal the eager ones."""
+    cfg = DecodeConfig(beam=4, lenpen=0.6, min_len=20, max_len_a=0.0, max_len_b=20)
+    with torch.inference_mode():
+        want, got = search(eager, src, cfg), search(compiled, src, cfg)
+    assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+
+
+def test_a_package_built_from_one_sentence_serves_batches_of_several(decoders, tmp_path):
+    """A server's first request is often one sentence: export must not fix the one source
+    group as a constant (the example doubles it), or every later batch would decode eagerly."""
+    eager, _ = decoders
+    compiled = CompiledDecoder(eager.model, folder=tmp_path)
+    _one_sentence_search(eager, compiled)
+    assert compiled.compiled is not None and len(compiled.packages.built) == 1
+    _one_sentence_search(eager, compiled, _sources())  # three sentences, the same package
+    assert compiled.compiled is not None and len(compiled.packages.built) == 1
+
+
+def test_eager_steps_that_grow_the_buffers_keep_the_lineage_table(decoders):
+    """After a fallback to eager steps (compiled None), an eager step that grows full buffers
+    must grow the rows table with them, or the next beam reorder fails."""
+    eager, _ = decoders
+    fallen_back = CompiledDecoder(eager.model)
+    fallen_back.compiled = None
+    _one_sentence_search(eager, fallen_back)

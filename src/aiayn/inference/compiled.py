@@ -198,6 +198,10 @@ class IndexedKVCache(KVCache):
         if self.length >= self.positions:
             self.reserve(min(self.max_len, 2 * self.positions))
         assert self.length < self.positions, "the compiled step writes one position past the filled ones"
+        self.fit_rows()
+
+    def fit_rows(self) -> None:
+        """The ``rows`` table as long as the buffers, after they grew (here, or in an eager step)."""
         missing = self.positions - self.rows.size(0)
         if missing > 0:
             self.rows = torch.cat([self.rows, self._identity(self.batch_size, missing)])
@@ -289,4 +293,5 @@ class CompiledDecoder(IncrementalDecoder):
     def _eager_step(self, tokens: Tensor, state: IndexedKVCache, need_attn: bool) -> tuple[Tensor, Tensor | None]:
         state.materialize()
         logits, attn = super().step(tokens, state, need_attn)
+        state.fit_rows()  # the eager step grows full buffers too
         return step_log_probs(logits, normalized=False), attn

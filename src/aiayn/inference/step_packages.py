@@ -221,12 +221,19 @@ class _Module(nn.Module):
 
 
 def _example(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Copies of a call's arguments to trace with; the cache buffers get one row more than
-    the call has, so that buffer rows and rows are never equal in the example."""
+    """Copies of a call's arguments to trace with. One source group is doubled (a second copy of
+    the sentence, its hypotheses reading their own buffer rows): export would fix a size of 1
+    as a constant. The cache buffers get one row more than the call has, so that buffer rows
+    and rows are never equal in the example."""
     def clone(x: Any) -> Any:
         return [clone(t) for t in x] if isinstance(x, list) else x.clone()
 
     tokens, pos, rows, self_k, self_v, cross_k, cross_v, mask = (clone(a) for a in args)
+    if cross_k[0].size(0) == 1:
+        rows = torch.cat([rows, rows + self_k[0].size(0)], dim=1)
+        tokens, mask = torch.cat([tokens, tokens]), torch.cat([mask, mask])
+        self_k, self_v, cross_k, cross_v = ([torch.cat([t, t]) for t in group]
+                                            for group in (self_k, self_v, cross_k, cross_v))
     if self_k[0].size(0) == tokens.size(0):
         self_k, self_v = ([torch.cat([b, b[:1]]) for b in bufs] for bufs in (self_k, self_v))
     return tokens, pos, rows, self_k, self_v, cross_k, cross_v, mask
