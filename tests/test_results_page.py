@@ -81,6 +81,23 @@ def latency_expected(data: dict) -> Expected:
     return out
 
 
+def gpu_expected(data: dict) -> Expected:
+    """benchmarks/gpu.py: training rows keyed (model, system), decoding rows (sentences, system)."""
+    out: Expected = {}
+    train = [r for r in data["train"] if not r.get("skipped")]
+    for r in train:
+        nn = next(x["tokens_per_s"] for x in train if x["model"] == r["model"] and x["system"] == "nn.Transformer")
+        out[(r["model"], system_name(r["system"]))] = {
+            "tok/s": r["tokens_per_s"], "MFU %": 100 * r["mfu"], "peak GB": r["peak_memory_gb"],
+            "x torch.nn.Transformer": r["tokens_per_s"] / nn, "paper recipe h": r["paper_recipe_hours"]}
+    decode = [r for r in data["decode"] if not r.get("skipped")]
+    for r in decode:
+        hf = next(x["tokens_per_s"] for x in decode if x["sentences"] == r["sentences"] and x["system"] == "hf")
+        out[(f"{r['sentences']:,}", system_name(r["system"]))] = {
+            "tok/s": r["tokens_per_s"], "peak GB": r["peak_memory_gb"], "x HF transformers": r["tokens_per_s"] / hf}
+    return out
+
+
 def end_to_end_expected(data: dict) -> Expected:
     rows = [r for r in data["rows"] if not r.get("skipped")]
     ct2_int8 = {r["lines"]: r["median_s"] for r in rows if r["system"] == "ctranslate2" and r["variant"] == "int8"}
@@ -129,6 +146,7 @@ SPECS: dict[str, tuple[int, Callable[..., Expected]]] = {
     "decode.json": (2, decode_expected),
     "latency.json": (2, latency_expected),
     "end_to_end.json": (3, end_to_end_expected),
+    "gpu.json": (2, gpu_expected),
     "parsing.json": (1, parsing_expected),
     "serve_stress.json": (1, serve_stress_expected),
 }
