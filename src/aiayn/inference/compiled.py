@@ -45,6 +45,7 @@ from aiayn.inference.optimize import OptimizedModel
 from aiayn.inference.search import step_log_probs
 from aiayn.inference.step_packages import StepPackages, exportable
 from aiayn.model import KVCache, Transformer
+from aiayn.model.cache import LayerCache
 from aiayn.model.layers import DecoderLayer
 
 StaticStep = Callable[..., Tensor]
@@ -193,15 +194,16 @@ class IndexedKVCache(KVCache):
     def make_room(self) -> None:
         """Before a compiled step: room for its position (the buffers doubled when full, up to
         ``max_len``: attending over all of them costs less than over ``max_len`` from the
-        start), and the ``rows`` table as long as the buffers."""
+        start)."""
         self.check_room()
         if self.length >= self.positions:
-            self.reserve(min(self.max_len, 2 * self.positions))
+            self.reserve(2 * self.positions)
         assert self.length < self.positions, "the compiled step writes one position past the filled ones"
-        self.fit_rows()
 
-    def fit_rows(self) -> None:
-        """The ``rows`` table as long as the buffers, after they grew (here, or in an eager step)."""
+    def _grow(self, c: LayerCache, positions: int) -> None:
+        """Every growth of the buffers (here, or in an eager step's append) grows the ``rows``
+        table with them."""
+        super()._grow(c, positions)
         missing = self.positions - self.rows.size(0)
         if missing > 0:
             self.rows = torch.cat([self.rows, self._identity(self.batch_size, missing)])
@@ -293,5 +295,4 @@ class CompiledDecoder(IncrementalDecoder):
     def _eager_step(self, tokens: Tensor, state: IndexedKVCache, need_attn: bool) -> tuple[Tensor, Tensor | None]:
         state.materialize()
         logits, attn = super().step(tokens, state, need_attn)
-        state.fit_rows()  # the eager step grows full buffers too
         return step_log_probs(logits, normalized=False), attn
