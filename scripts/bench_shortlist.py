@@ -9,9 +9,10 @@
 Translates ``--input`` with one checkpoint (beam 4, the checkpoint's decode options, eager)
 in each ``--dtype``, without and with the shortlist, ``--runs`` times each in turn, and
 prints one JSON object: per dtype the median seconds of both, their ratio, sacreBLEU BLEU of
-both and the mean number of target pieces a batch's list holds. ``--shortlist-from``: a
-prepared directory (or checkpoint) whose tokenizer has the shortlist, for a checkpoint
-trained without one; its SentencePiece model must be the checkpoint's. The target: at beam 4
+both and the mean number of target pieces a list holds (one list per SENTENCES_PER_LIST
+sentences). ``--shortlist-from``: a prepared directory (or checkpoint) whose tokenizer has
+the shortlist, for a checkpoint trained without one; its SentencePiece model must be the
+checkpoint's. The target: at beam 4
 the shortlist >= 1.3x faster with BLEU within 0.1 of the full vocabulary.
 """
 
@@ -28,6 +29,7 @@ import torch
 
 from aiayn.data.prepare import load_tokenizer
 from aiayn.evaluation.bleu import corpus_bleu
+from aiayn.inference.shortlist import SENTENCES_PER_LIST
 from aiayn.inference.translator import Translator
 
 
@@ -74,15 +76,16 @@ def main() -> None:
                 outputs[short] = tr.translate(src, shortlist=short, **overrides)
                 seconds[short].append(time.perf_counter() - start)
         full_s, short_s = statistics.median(seconds[False]), statistics.median(seconds[True])
-        sizes = [len(shortlist.rows([i for text in src[k:k + 64] for i in tr.tokenizer.encode_src(text)]))
-                 for k in range(0, len(src), 64)]
+        per = SENTENCES_PER_LIST  # (in input order; a batch groups sentences of like length)
+        sizes = [len(shortlist.rows([i for text in src[k:k + per] for i in tr.tokenizer.encode_src(text)]))
+                 for k in range(0, len(src), per)]
         report[dtype] = {
             "seconds_full": round(full_s, 2), "seconds_shortlist": round(short_s, 2),
             "speedup": round(full_s / max(short_s, 1e-9), 3),
             "bleu_full": round(corpus_bleu(outputs[False], [ref]), 2),
             "bleu_shortlist": round(corpus_bleu(outputs[True], [ref]), 2),
             "identical_lines": sum(a == b for a, b in zip(outputs[False], outputs[True])),
-            "vocabulary": tr.tokenizer.tgt_vocab_size, "mean_rows_per_batch_of_64": round(statistics.mean(sizes)),
+            "vocabulary": tr.tokenizer.tgt_vocab_size, "mean_pieces_per_list": round(statistics.mean(sizes)),
         }
         print(json.dumps({dtype: report[dtype]}), file=sys.stderr)
     print(json.dumps(report))

@@ -1,5 +1,7 @@
 """The vocabulary shortlist: built from training pairs, carried by the tokenizer (and so by
-every checkpoint), and applied per batch by --shortlist."""
+every checkpoint), and applied by --shortlist: per few sentences on a single model, whose steps
+then score only their lists' columns; per batch, masked, where a constraint needs the whole
+vocabulary."""
 
 from __future__ import annotations
 
@@ -9,10 +11,13 @@ import pytest
 import torch
 
 from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
-from aiayn.config import Config, DataConfig, ModelConfig
+from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.data.prepare import load_tokenizer, prepare_data
 from aiayn.errors import ConfigError
-from aiayn.inference.shortlist import ShortlistDecoder
+from aiayn.inference import translator as translator_module
+from aiayn.inference.constraints import LexicalConstraint
+from aiayn.inference.search import search
+from aiayn.inference.shortlist import SentenceShortlistDecoder, ShortlistDecoder, shortlist_dtype
 from aiayn.inference.translator import Translator
 from aiayn.model import build_model
 from aiayn.text.shortlist import Shortlist, build_shortlist
@@ -35,6 +40,10 @@ def test_build_shortlist_golden():
     assert sl.frequent.tolist() == [4, 5]  # target counts: 4 x3, 5 x2, then 6, 7, 8 once
     assert sl.rows([5, 3, 0]).tolist() == [EOS_ID, 4, 5, 7]
     assert sl.rows([6], extra=[8]).tolist() == [EOS_ID, 4, 5, 6, 8]
+    # Lists of two sentences each, the special ids first (column = id), padded with PAD.
+    lists, sizes = sl.sentence_rows([[5, 3], [6, 3], [4, 3]], extras=[[], [8], []], group=2)
+    assert lists.tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 5, 6, 0, 0]]
+    assert sizes.tolist() == [9, 7]
     back = Shortlist.from_bytes(sl.to_bytes())
     assert torch.equal(back.table, sl.table) and torch.equal(back.frequent, sl.frequent)
 
@@ -81,18 +90,125 @@ def test_prepare_builds_it_and_checkpoints_carry_it(prepared, tmp_path):
     assert load_tokenizer(prepared.parent / "plain").shortlist is None
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "int8"])
-def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, dtype):
+@pytest.fixture
+def float32_lists(monkeypatch):
+    """Per-sentence lists projected in float32 on every CPU (bf16 where it is native otherwise)."""
+    monkeypatch.setattr(translator_module, "shortlist_dtype", lambda weight: torch.float32)
+
+
+def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, float32_lists):
     tok = load_tokenizer(prepared)
     v = tok.tgt_vocab_size
     tok.shortlist = Shortlist(torch.arange(v).repeat(tok.src_vocab_size, 1), torch.arange(v))
-    tr = Translator(_model(tok), tok, Config(), dtype=dtype)
+    tr = Translator(_model(tok), tok, Config(), dtype="fp32")
     texts = SRC[:8]
     for beam in (1, 4):
         full = tr.translate_detailed(texts, nbest=beam, beam=beam, max_len_b=8)
         short = tr.translate_detailed(texts, nbest=beam, beam=beam, max_len_b=8, shortlist=True)
-        assert [[(h.tokens, h.score) for h in r.hypotheses] for r in full] == [
-            [(h.tokens, h.score) for h in r.hypotheses] for r in short]
+        assert [[h.tokens for h in r.hypotheses] for r in full] == [[h.tokens for h in r.hypotheses] for r in short]
+        assert [h.score for r in full for h in r.hypotheses] == pytest.approx(
+            [h.score for r in short for h in r.hypotheses], rel=1e-5)
+
+
+def _decoders(tr, tok, texts, prefix=()):
+    """The narrowed decoder of ``texts`` (one list for all, with the ``prefix`` ids) and the
+    masking one over the same list, with their source batch."""
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
+    lists, sizes = tok.shortlist.sentence_rows(list(src), extras=prefix, group=len(texts))
+    narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32,
+                                      sentences_per_list=len(texts))
+    return narrow, ShortlistDecoder(tr.decoder, lists[0, :int(sizes[0])], tok.tgt_vocab_size), src
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_narrowed_steps_search_as_the_masked_vocabulary_does(prepared, beam):
+    """Scores over a list's columns (ids != columns) give the search the same hypotheses as the
+    whole vocabulary with every other id at -inf: the column map, the forced prefix and the
+    n-gram ban in columns included."""
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok, seed=3), tok, Config())
+    texts = ["two men play football in the park", "a red dog"]
+    prefix = [tok.encode_tgt("zwei"), []]
+    narrow, masked, src = _decoders(tr, tok, texts, prefix)
+    assert narrow.lists.size(1) < tok.tgt_vocab_size
+    cfg = DecodeConfig(beam=beam, nbest=beam, max_len_b=10, no_repeat_ngram_size=2)
+    got = search(narrow, src, cfg, prefix=prefix)
+    want = search(masked, src, cfg, prefix=prefix)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps],
+                                                                    rel=1e-5)
+    assert got[0][0].tokens[:len(prefix[0])] == prefix[0]
+
+
+def test_narrowed_steps_follow_rows_that_leave_and_differ_in_number(prepared):
+    """Each row scores its own list's columns, whatever rows are left: several rows of one
+    sentence and one of another (the padded layout), sentences dropped until the weights are
+    gathered again."""
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok, seed=3), tok, Config())
+    texts = ["two men play football in the park", "a red dog", "hello there", "the small house"]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
+    lists, sizes = tok.shortlist.sentence_rows(list(src), group=1)
+    narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
+    state = narrow.init_state(src, 8)
+    reference = tr.decoder.init_state(src, 8)
+
+    def check(tokens, sentences):
+        scores, _ = narrow.step(tokens, state)
+        full, _ = tr.decoder.step(tokens, reference)
+        for row, sent in enumerate(sentences):
+            n = int(sizes[sent])
+            assert torch.allclose(scores[row, :n], full[row, lists[sent, :n]], atol=1e-5)
+            assert torch.isneginf(scores[row, n:]).all()
+            cols = torch.arange(n)
+            assert torch.equal(narrow.step_columns(state).ids(torch.full((n,), row), cols), lists[sent, :n])
+
+    with torch.no_grad():
+        check(torch.full((4,), BOS_ID), [0, 1, 2, 3])
+        index = torch.tensor([0, 0, 1, 2])  # two rows of sentence 0, one of 1 and 2: 3 of 4 lists left
+        state = narrow.reorder(state, index)
+        reference = tr.decoder.reorder(reference, index)
+        assert state.pos is not None and state.held.tolist() == [0, 1, 2, 3]
+        check(torch.tensor([5, 6, 7, 5]), [0, 0, 1, 2])
+        index = torch.tensor([1, 0])  # two rows of sentence 0: under 3/4 of the lists held
+        state = narrow.reorder(state, index)
+        reference = tr.decoder.reorder(reference, index)
+        assert state.held.tolist() == [0] and state.pos is None
+        check(torch.tensor([8, 9]), [0, 0])
+        assert narrow.step_columns(state).columns(torch.tensor([0, 1]), lists[0, 5:7]).tolist() == [5, 6]
+        absent = next(i for i in range(tok.tgt_vocab_size) if i not in set(lists[0].tolist()))
+        assert narrow.step_columns(state).columns(torch.tensor([0]), torch.tensor([absent])).tolist() == [0]
+
+
+def test_sampling_and_greedy_draw_from_each_sentence_list(prepared):
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok, seed=3), tok, Config())
+    texts = SRC[:6]
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
+    lists, sizes = tok.shortlist.sentence_rows(list(src), group=1)
+    narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
+    for cfg in (DecodeConfig(sampling=True, beam=3, nbest=3, max_len_b=10, seed=1), DecodeConfig(beam=1, max_len_b=10)):
+        hyps = search(narrow, src, cfg)
+        for b, per_sent in enumerate(hyps):
+            assert len(per_sent) == cfg.nbest
+            allowed = set(lists[b, :int(sizes[b])].tolist())
+            assert all(set(h.tokens) <= allowed for h in per_sent)
+
+
+def test_the_projection_runs_in_bf16_where_it_is_native(monkeypatch):
+    weight = torch.zeros(3, 2)
+    monkeypatch.setattr("aiayn.inference.shortlist.native_bf16", lambda device: True)
+    assert shortlist_dtype(weight) == torch.bfloat16
+    monkeypatch.setattr("aiayn.inference.shortlist.native_bf16", lambda device: False)
+    assert shortlist_dtype(weight) == torch.float32
+
+
+def test_a_constraint_keeps_the_whole_vocabulary(prepared):
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok), tok, Config())
+    narrow, _, src = _decoders(tr, tok, ["hello there"])
+    with pytest.raises(ValueError, match="cannot drive a model that narrows its steps"):
+        search(narrow, src, DecodeConfig(), constraint=LexicalConstraint([[[5]]], [[]], eos=EOS_ID))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
@@ -114,7 +230,7 @@ def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype):
     assert (decoder._int8 if dtype == "int8" else decoder._weight) is not None
 
 
-def test_the_search_only_emits_the_batch_shortlist(prepared):
+def test_the_search_only_emits_the_sentence_shortlist(prepared):
     tok = load_tokenizer(prepared)
     tr = Translator(_model(tok, seed=3), tok, Config())
     changed = 0
@@ -128,10 +244,15 @@ def test_the_search_only_emits_the_batch_shortlist(prepared):
             full = tr.translate_detailed([text], beam=beam, max_len_b=10)[0]
             changed += full.best.tokens != result.best.tokens
     assert changed  # a random model wanders outside the lists: the restriction bites
-    # A batch of several sentences: the union of their lists.
-    results = tr.translate_detailed(SRC[:4], beam=2, max_len_b=10, shortlist=True)
-    allowed = set(tok.shortlist.rows([i for t in SRC[:4] for i in tok.encode_src(t)]).tolist())
-    assert all(set(r.best.tokens) <= allowed for r in results)
+    # A batch of several sentences: the union of the lists of those that share one.
+    texts = SRC[:16]
+    results = tr.translate_detailed(texts, beam=2, max_len_b=10, shortlist=True)
+    order = sorted(range(len(texts)), key=lambda i: -len(tok.encode_src(texts[i])))  # the batch's order
+    per = translator_module.SENTENCES_PER_LIST
+    for g in range(0, len(texts), per):
+        members = order[g:g + per]
+        allowed = set(tok.shortlist.rows([i for k in members for i in tok.encode_src(texts[k])]).tolist())
+        assert all(set(results[k].best.tokens) <= allowed for k in members)
 
 
 def test_forced_prefix_pieces_join_the_shortlist(prepared):

@@ -540,10 +540,10 @@ class DecodeConfig:
     top_p: float = decode_option(1.0, "nucleus sampling threshold (1 = off)")
     seed: int = decode_option(0, "sampling seed")
     shortlist: bool = decode_option(
-        False, "score only the batch's vocabulary shortlist (the lists of its source pieces and the most "
-               "frequent pieces; the checkpoint needs one: prepare with data.shortlist_k)",
+        False, "score only a vocabulary shortlist (the lists of the source pieces of each few sentences and "
+               "the most frequent pieces; the checkpoint needs one: prepare with data.shortlist_k)",
         http=HttpField(ge=None, le=None, position=10,
-                       description="score only the batch's vocabulary shortlist (faster; needs one in the checkpoint)"))
+                       description="score only a vocabulary shortlist (faster; needs one in the checkpoint)"))
     tgt_lang: str = decode_option(
         "", "target language of a multilingual model: the source starts with its tag >>xx<< "
             "(default: the checkpoint's data.tgt_lang when it was trained with data.tgt_lang_tag)",

@@ -84,6 +84,25 @@ class DecoderModel(Protocol):
         ...
 
 
+class StepColumns(Protocol):
+    """Which vocabulary id each column of a narrowed step's scores stands for, row by row.
+
+    A model whose ``step`` scores fewer columns than the vocabulary (a per-sentence shortlist)
+    has a method ``step_columns(state)`` that returns one of these for the state's rows. Its
+    first columns are the special ids themselves (PAD, UNK, BOS, EOS: column = id), so the
+    masks of those ids need no translation.
+    """
+
+    def ids(self, rows: Tensor, cols: Tensor) -> Tensor:
+        """The vocabulary ids of columns ``cols`` of rows ``rows`` (broadcast together)."""
+        ...
+
+    def columns(self, rows: Tensor, ids: Tensor) -> Tensor:
+        """The columns of ``ids`` in rows ``rows`` (broadcast together); an id the row does not
+        score gets PAD's column, which every step masks anyway."""
+        ...
+
+
 @dataclass
 class SearchHypothesis:
     """One finished output of a search."""
@@ -301,6 +320,7 @@ class _LiveRows:
     tokens: Tensor  # (R, t) the tokens so far
     attn: Tensor | None = None  # (R, t, ..., S) cross-attention of every step so far
     constraint: ConstraintState | None = None  # what the next token may be (constrained decoding)
+    columns: StepColumns | None = None  # the last step's, for a model that narrows its steps
 
     def add_attention(self, attn: Tensor | None) -> None:
         """Append a step's cross-attention (R, ..., S), if the model returned one."""
@@ -320,7 +340,11 @@ class _LiveRows:
             self.constraint.select(index)
 
     def extend(self, tok: Tensor) -> None:
-        """Each row's next token (R,): the next step's input and the last of its tokens."""
+        """Each row's next token (R,): the next step's input and the last of its tokens. From a
+        model that narrows its steps, ``tok`` are columns of the last step's scores, which keep
+        their meaning for rows reordered since (a row keeps its sentence, and so its list)."""
+        if self.columns is not None:
+            tok = self.columns.ids(torch.arange(tok.numel(), device=tok.device), tok)
         self.prev = tok
         self.tokens = torch.cat([self.tokens, tok[:, None]], dim=1)
         if self.constraint is not None:
@@ -346,11 +370,25 @@ class _OngoingSearch:
     finished: _FinishedHypotheses
 
     def log_probs(self, t: int) -> Tensor:
-        """Step ``t`` for every live row: the masked next-token log-probabilities (R, V)."""
+        """Step ``t`` for every live row: the masked next-token log-probabilities (R, V), or
+        (R, C) over the columns of ``rows.columns`` for a model that narrows its steps (whose
+        special ids are their own columns: EOS is found, masked and chosen as in (R, V))."""
         rows = self.rows
         logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
         lprobs = step_log_probs(logits, self.model.normalized)
-        lprobs = self.masks.apply(lprobs, t, rows.tokens, rows.max_len, rows.prefix)
+        hist, prefix = rows.tokens, rows.prefix
+        narrowed = getattr(self.model, "step_columns", None)
+        if narrowed is not None:
+            if rows.constraint is not None:
+                raise ValueError("a constraint masks the whole vocabulary: it cannot drive a model that "
+                                 "narrows its steps")
+            rows.columns = columns = narrowed(self.state)
+            row_ids = torch.arange(lprobs.size(0), device=lprobs.device)[:, None]
+            if self.masks.no_repeat_ngram_size > 0:  # one-to-one: a row emits only its columns' ids
+                hist = columns.columns(row_ids, hist)
+            if prefix.numel():
+                prefix = torch.where(prefix >= 0, columns.columns(row_ids, prefix.clamp(min=0)), prefix)
+        lprobs = self.masks.apply(lprobs, t, hist, rows.max_len, prefix)
         if rows.constraint is not None:
             rows.constraint.mask(lprobs, t)
         rows.add_attention(attn)
@@ -702,7 +740,7 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
 
 
 __all__ = [
-    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "DecoderModel", "SearchHypothesis", "beam_search",
+    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "DecoderModel", "SearchHypothesis", "StepColumns", "beam_search",
     "greedy_search", "length_penalty", "max_output_lengths", "sample", "search", "source_lengths",
     "step_log_probs",
 ]

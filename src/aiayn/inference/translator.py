@@ -43,7 +43,12 @@ from aiayn.inference.compiled import CompiledDecoder, compile_pays
 from aiayn.inference.constraints import Constraint, LexicalConstraint
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
-from aiayn.inference.shortlist import ShortlistDecoder
+from aiayn.inference.shortlist import (
+    SENTENCES_PER_LIST,
+    SentenceShortlistDecoder,
+    ShortlistDecoder,
+    shortlist_dtype,
+)
 from aiayn.inference.step_packages import weights_fingerprint
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
@@ -411,16 +416,25 @@ class Translator:
                 progress(len(batch))
         return results
 
-    def _shortlisted(self, src: Tensor, prefix: list[list[int]] | None) -> ShortlistDecoder:
-        """The decoder restricted to the batch's shortlist (and the ids of its forced prefixes
-        and required constraint phrases)."""
+    def _shortlisted(self, src: Tensor, prefix: list[list[int]] | None, required: list[int],
+                     whole_vocabulary: bool) -> Any:
+        """The decoder restricted to the shortlist: on a single eager model, each few sentences
+        to their own list (and their forced prefixes) unless a constraint needs
+        ``whole_vocabulary`` scores; else the batch to its list (and the ids of its forced
+        prefixes and ``required`` constraint pieces)."""
         shortlist = getattr(self.tokenizer, "shortlist", None)
         if shortlist is None:
             raise ConfigError("decode.shortlist: the checkpoint has no vocabulary shortlist (prepare its data "
                               "with data.shortlist_k)")
-        extra = [i for p in prefix or [] for i in p]
+        vocab_size = int(self.tokenizer.tgt_vocab_size)
+        if type(self.decoder) is IncrementalDecoder and not whole_vocabulary:
+            lists, sizes = shortlist.sentence_rows(list(src.cpu()), prefix or (), group=SENTENCES_PER_LIST)
+            return SentenceShortlistDecoder(self.decoder, lists.to(self.device), sizes, vocab_size,
+                                            dtype=shortlist_dtype(self.decoder.model.output_weight),
+                                            sentences_per_list=SENTENCES_PER_LIST)
+        extra = [*(i for p in prefix or [] for i in p), *required]
         rows = shortlist.rows(src.flatten().cpu(), extra).to(self.device)
-        return ShortlistDecoder(self.decoder, rows, int(self.tokenizer.tgt_vocab_size))
+        return ShortlistDecoder(self.decoder, rows, vocab_size)
 
     def source_tokenizer(self, cfg: DecodeConfig) -> Any:
         """The tokenizer that encodes the sources under ``cfg``: with the target-language tag
@@ -459,7 +473,8 @@ class Translator:
         src = _pad([results[i].src_tokens for i in batch]).to(self.device)
         prefix = [prefix_ids.get(i, []) for i in batch] if prefix_ids else None
         required = [piece for i in batch for phrase in lexical.get(i, ([], []))[0] for piece in phrase]
-        decoder = self._shortlisted(src, [*(prefix or []), required]) if cfg.shortlist else self.decoder
+        constrained = constraint is not None or any(i in lexical for i in batch)
+        decoder = self._shortlisted(src, prefix, required, constrained) if cfg.shortlist else self.decoder
         if any(i in lexical for i in batch):
             include, exclude = zip(*(lexical.get(i, ([], [])) for i in batch))
             constraint = LexicalConstraint(include, exclude, eos=EOS_ID)
