@@ -51,7 +51,7 @@ class _SentenceRows:
     the lists and weights held (a superset of the rows' lists)."""
 
     inner: Any
-    sent: Tensor  # (R,) each row's list
+    row_list: Tensor  # (R,) each row's list
     held: Tensor  # (H,) the lists held, ascending
     lists: Tensor  # (H, C) their target ids, PAD after each list's end
     weight: Tensor  # (H, C, D) their rows of the output weight
@@ -121,7 +121,7 @@ class SentenceShortlistDecoder:
     def reorder(self, state: _SentenceRows, index: Tensor, same_sources: bool = False) -> _SentenceRows:
         state.inner = self.inner.reorder(state.inner, index, same_sources=same_sources)
         if not same_sources:  # rows may have changed sentences, or sentences left
-            state.sent = state.sent.index_select(0, index)
+            state.row_list = state.row_list.index_select(0, index)
             self._lay_out(state)
         return state
 
@@ -132,7 +132,7 @@ class SentenceShortlistDecoder:
         h = h.to(self.dtype)
         held, cols = state.lists.shape
         weight_t = state.weight.transpose(1, 2)  # (H, D, C)
-        if state.pos is None:  # every held sentence has g rows, in order
+        if state.pos is None:  # every held list has g rows, in order
             out = torch.baddbmm(state.bias[:, None, :], h.view(held, state.rows_per_list, -1), weight_t)
             return out.view(-1, cols), attn
         assert state.slot is not None
@@ -147,24 +147,24 @@ class SentenceShortlistDecoder:
     def _lay_out(self, state: _SentenceRows) -> _SentenceRows:
         """Set where each row's list is held and the row's place among that list's rows; gather
         the lists and weights again when few of those held are left."""
-        live, counts = torch.unique(state.sent, return_counts=True)
+        live, counts = torch.unique(state.row_list, return_counts=True)
         if live.numel() < REGATHER_BELOW * state.held.numel():
             slots = torch.searchsorted(state.held, live)
             state.held, state.lists = live, state.lists.index_select(0, slots)
             state.weight, state.bias = state.weight.index_select(0, slots), state.bias.index_select(0, slots)
             state.inverse = None
-        state.slot = torch.searchsorted(state.held, state.sent)
+        state.slot = torch.searchsorted(state.held, state.row_list)
         state.rows_per_list = int(counts.max()) if counts.numel() else 1
-        rows = state.sent.numel()
+        rows = state.row_list.numel()
         if live.numel() == state.held.numel() and rows == live.numel() * state.rows_per_list \
-                and bool((state.sent.view(-1, state.rows_per_list) == live[:, None]).all()):
+                and bool((state.row_list.view(-1, state.rows_per_list) == live[:, None]).all()):
             state.pos = None
             return state
-        order = torch.argsort(state.sent, stable=True)
-        starts = torch.cumsum(counts, 0) - counts  # each live sentence's first place in order
+        order = torch.argsort(state.row_list, stable=True)
+        starts = torch.cumsum(counts, 0) - counts  # each live list's first place in order
         first = torch.zeros(state.held.numel(), dtype=torch.long, device=live.device)
         first[torch.searchsorted(state.held, live)] = starts
-        pos = torch.empty_like(state.sent)
+        pos = torch.empty_like(state.row_list)
         pos[order] = torch.arange(rows, device=pos.device) - first[state.slot[order]]
         state.pos = pos
         return state
