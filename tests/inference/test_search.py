@@ -473,7 +473,7 @@ def test_row_topk_equals_torch_topk(shape: tuple[int, int]) -> None:
 
 
 def test_topk_block_balances_block_maxima_and_candidates() -> None:
-    assert [topk_block(v, k) for v, k in [(8000, 8), (32000, 8), (8000, 1), (16, 8)]] == [64, 128, 128, 4]
+    assert [topk_block(v, k) for v, k in [(8000, 8), (32000, 8), (8000, 1), (16, 8), (2, 32)]] == [64, 128, 128, 4, 1]
 
 
 @pytest.mark.parametrize("v, k, block", [(64, 2, 8), (67, 2, 8), (48, 3, 4), (50, 3, 4), (31, 2, 8)])

@@ -21,7 +21,7 @@ from aiayn.inference.shortlist import SentenceShortlistDecoder, ShortlistDecoder
 from aiayn.inference.translator import Translator
 from aiayn.model import build_model
 from aiayn.text.shortlist import Shortlist, build_shortlist
-from aiayn.text.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 SRC = ["a small dog runs", "the red house", "two men play football in the park", "hello there",
        "a red dog", "the small house", "two dogs play", "men run in the park"] * 6
@@ -120,8 +120,8 @@ def _decoders(tr, tok, texts, prefix=()):
     return narrow, ShortlistDecoder(tr.decoder, lists[0, :int(sizes[0])], tok.tgt_vocab_size), src
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_narrowed_steps_search_as_the_masked_vocabulary_does(prepared, beam):
+@pytest.mark.parametrize("beam, ngram", [(1, 2), (4, 2), (4, 1)])
+def test_narrowed_steps_search_as_the_masked_vocabulary_does(prepared, beam, ngram):
     """Scores over a list's columns (ids != columns) give the search the same hypotheses as the
     whole vocabulary with every other id at -inf: the column map, the forced prefix and the
     n-gram ban in columns included."""
@@ -131,13 +131,26 @@ def test_narrowed_steps_search_as_the_masked_vocabulary_does(prepared, beam):
     prefix = [tok.encode_tgt("zwei"), []]
     narrow, masked, src = _decoders(tr, tok, texts, prefix)
     assert narrow.lists.size(1) < tok.tgt_vocab_size
-    cfg = DecodeConfig(beam=beam, nbest=beam, max_len_b=10, no_repeat_ngram_size=2)
+    cfg = DecodeConfig(beam=beam, nbest=beam, max_len_b=10, no_repeat_ngram_size=ngram)
     got = search(narrow, src, cfg, prefix=prefix)
     want = search(masked, src, cfg, prefix=prefix)
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
     assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps],
                                                                     rel=1e-5)
     assert got[0][0].tokens[:len(prefix[0])] == prefix[0]
+
+
+def test_narrowed_steps_force_special_ids_as_the_masked_vocabulary_does(prepared):
+    """A forced id is found in its row's list whatever it is, the special ids (columns = ids)
+    included."""
+    tok = load_tokenizer(prepared)
+    tr = Translator(_model(tok, seed=3), tok, Config())
+    prefix = [[PAD_ID, UNK_ID], [UNK_ID, PAD_ID]]
+    narrow, masked, src = _decoders(tr, tok, ["a red dog", "hello there"], prefix)
+    cfg = DecodeConfig(beam=2, nbest=2, max_len_b=6)
+    got = [[h.tokens for h in hyps] for hyps in search(narrow, src, cfg, prefix=prefix)]
+    assert got == [[h.tokens for h in hyps] for hyps in search(masked, src, cfg, prefix=prefix)]
+    assert [hyps[0][:2] for hyps in got] == prefix
 
 
 def test_narrowed_steps_follow_rows_that_leave_and_differ_in_number(prepared):
