@@ -41,7 +41,7 @@ def test_build_shortlist_golden():
     assert sl.rows([5, 3, 0]).tolist() == [EOS_ID, 4, 5, 7]
     assert sl.rows([6], extra=[8]).tolist() == [EOS_ID, 4, 5, 6, 8]
     # Lists of two sentences each, the special ids first (column = id), padded with PAD.
-    lists, sizes = sl.sentence_rows([[5, 3], [6, 3], [4, 3]], extras=[[], [8], []], group=2)
+    lists, sizes = sl.sentence_rows(torch.tensor([[5, 3], [6, 3], [4, 3]]), extras=[[], [8], []], group=2)
     assert lists.tolist() == [[0, 1, 2, 3, 4, 5, 6, 7, 8], [0, 1, 2, 3, 4, 5, 6, 0, 0]]
     assert sizes.tolist() == [9, 7]
     back = Shortlist.from_bytes(sl.to_bytes())
@@ -93,7 +93,7 @@ def test_prepare_builds_it_and_checkpoints_carry_it(prepared, tmp_path):
 @pytest.fixture
 def float32_lists(monkeypatch):
     """Per-sentence lists projected in float32 on every CPU (bf16 where it is native otherwise)."""
-    monkeypatch.setattr(translator_module, "shortlist_dtype", lambda weight: torch.float32)
+    monkeypatch.setattr("aiayn.inference.shortlist.shortlist_dtype", lambda weight: torch.float32)
 
 
 def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, float32_lists):
@@ -114,7 +114,7 @@ def _decoders(tr, tok, texts, prefix=()):
     """The narrowed decoder of ``texts`` (one list for all, with the ``prefix`` ids) and the
     masking one over the same list, with their source batch."""
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
-    lists, sizes = tok.shortlist.sentence_rows(list(src), extras=prefix, group=len(texts))
+    lists, sizes = tok.shortlist.sentence_rows(src, extras=prefix, group=len(texts))
     narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32,
                                       sentences_per_list=len(texts))
     return narrow, ShortlistDecoder(tr.decoder, lists[0, :int(sizes[0])], tok.tgt_vocab_size), src
@@ -161,7 +161,7 @@ def test_narrowed_steps_follow_rows_that_leave_and_differ_in_number(prepared):
     tr = Translator(_model(tok, seed=3), tok, Config())
     texts = ["two men play football in the park", "a red dog", "hello there", "the small house"]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
-    lists, sizes = tok.shortlist.sentence_rows(list(src), group=1)
+    lists, sizes = tok.shortlist.sentence_rows(src, group=1)
     narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
     state = narrow.init_state(src, 8)
     reference = tr.decoder.init_state(src, 8)
@@ -198,7 +198,7 @@ def test_sampling_and_greedy_draw_from_each_sentence_list(prepared):
     tr = Translator(_model(tok, seed=3), tok, Config())
     texts = SRC[:6]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
-    lists, sizes = tok.shortlist.sentence_rows(list(src), group=1)
+    lists, sizes = tok.shortlist.sentence_rows(src, group=1)
     narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
     for cfg in (DecodeConfig(sampling=True, beam=3, nbest=3, max_len_b=10, seed=1), DecodeConfig(beam=1, max_len_b=10)):
         hyps = search(narrow, src, cfg)

@@ -110,8 +110,8 @@ def add_compile(container: Container, auto: str) -> None:
     container.add_argument("--compile", nargs="?", const="on", default="auto", choices=COMPILE_CHOICES,
                            help="compile the decoding step ahead of time (torch.export + AOTInductor; CPU only: a GPU "
                                 "decodes eagerly): tens of seconds of compiling first, faster steps after; the "
-                                "compiled step is kept in the "
-                                "compile cache ($AIAYN_CACHE_DIR/inductor), so a later run of the same model loads "
+                                "compiled step is kept in the compile cache ($AIAYN_CACHE_DIR/inductor), so a "
+                                "later run of the same model loads "
                                 f"it in seconds; on (--compile alone), off, or auto (default): {auto}")
 
 

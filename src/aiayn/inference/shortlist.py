@@ -48,7 +48,8 @@ REGATHER_BELOW = 0.75
 @dataclass
 class _SentenceRows:
     """A :class:`SentenceShortlistDecoder`'s state: the inner decoder's, each row's list, and
-    the lists and weights held (a superset of the rows' lists)."""
+    the lists and weights held (a superset of the rows' lists). It is also the search's view
+    of the step's columns (:class:`~aiayn.inference.search.StepColumns`)."""
 
     inner: Any
     row_list: Tensor  # (R,) each row's list
@@ -56,41 +57,32 @@ class _SentenceRows:
     lists: Tensor  # (H, C) their target ids, PAD after each list's end
     weight: Tensor  # (H, C, D) their rows of the output weight
     bias: Tensor  # (H, C) their output bias, -inf after each list's end
+    vocab_size: int
     slot: Tensor | None = None  # (R,) each row's list's index in held
     pos: Tensor | None = None  # (R,) each row's place among its list's rows; None: rows are (H, g)
     rows_per_list: int = 1  # g: the most rows of one list
     inverse: Tensor | None = None  # (H, V) the column of each id in each list, once asked for
 
-
-class _ListColumns:
-    """The search's view of a state's columns (:class:`~aiayn.inference.search.StepColumns`)."""
-
-    def __init__(self, state: _SentenceRows, vocab_size: int) -> None:
-        self.state = state
-        self.vocab_size = vocab_size
-
     def ids(self, rows: Tensor, cols: Tensor) -> Tensor:
-        state = self.state
-        assert state.slot is not None
-        return state.lists[state.slot[rows], cols]
+        assert self.slot is not None
+        return self.lists[self.slot[rows], cols]
 
     def columns(self, rows: Tensor, ids: Tensor) -> Tensor:
-        state = self.state
-        assert state.slot is not None
-        if state.inverse is None:
-            lists = state.lists
+        assert self.slot is not None
+        if self.inverse is None:
+            lists = self.lists
             cols = torch.arange(lists.size(1), device=lists.device).expand_as(lists)
-            state.inverse = torch.full((lists.size(0), self.vocab_size), PAD_ID, dtype=torch.long,
-                                       device=lists.device).scatter_(1, lists, cols)
-            state.inverse[:, PAD_ID] = PAD_ID  # the padding columns hold PAD's id too
-        return state.inverse[state.slot[rows], ids]
+            self.inverse = torch.full((lists.size(0), self.vocab_size), PAD_ID, dtype=torch.long,
+                                      device=lists.device).scatter_(1, lists, cols)
+            self.inverse[:, PAD_ID] = PAD_ID  # the padding columns hold PAD's id too
+        return self.inverse[self.slot[rows], ids]
 
 
 class SentenceShortlistDecoder:
     """A single model (an :class:`IncrementalDecoder`) whose sentences score only their own
     lists: ``lists`` (N, C) from :meth:`~aiayn.text.shortlist.Shortlist.sentence_rows`, sorted,
     the special ids first, padded with PAD after ``sizes`` (N,); sentence b has list
-    b // ``sentences_per_list``. The projection runs in ``dtype`` (default: the output weight's)."""
+    b // ``sentences_per_list``. The projection runs in ``dtype`` (default: :func:`shortlist_dtype`)."""
 
     normalized = False  # logits over the sentence's list; the search takes their log-softmax
 
@@ -102,7 +94,7 @@ class SentenceShortlistDecoder:
         self.vocab_size = vocab_size
         model = inner.model
         weight = model.output_weight  # (V, D), float in every inference copy, int8 ones included
-        self.dtype = dtype or weight.dtype
+        self.dtype = dtype or shortlist_dtype(weight)
         self.lists = lists
         self.weight = weight.index_select(0, lists.flatten()).to(self.dtype).view(*lists.shape, -1)  # (N, C, D)
         bias = (torch.zeros(lists.shape, dtype=self.dtype, device=lists.device) if model.output_bias is None
@@ -115,7 +107,7 @@ class SentenceShortlistDecoder:
         every = torch.arange(src.size(0), device=src.device)
         state = _SentenceRows(self.inner.init_state(src, max_steps), every // self.sentences_per_list,
                               torch.arange(self.lists.size(0), device=src.device), self.lists, self.weight,
-                              self.bias)
+                              self.bias, self.vocab_size)
         return self._lay_out(state)
 
     def reorder(self, state: _SentenceRows, index: Tensor, same_sources: bool = False) -> _SentenceRows:
@@ -141,8 +133,8 @@ class SentenceShortlistDecoder:
         out = torch.baddbmm(state.bias[:, None, :], grouped, weight_t)
         return out[state.slot, state.pos], attn
 
-    def step_columns(self, state: _SentenceRows) -> _ListColumns:
-        return _ListColumns(state, self.vocab_size)
+    def step_columns(self, state: _SentenceRows) -> _SentenceRows:
+        return state
 
     def _lay_out(self, state: _SentenceRows) -> _SentenceRows:
         """Set where each row's list is held and the row's place among that list's rows; gather

@@ -43,12 +43,7 @@ from aiayn.inference.compiled import CompiledDecoder, compile_pays
 from aiayn.inference.constraints import Constraint, LexicalConstraint
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
-from aiayn.inference.shortlist import (
-    SENTENCES_PER_LIST,
-    SentenceShortlistDecoder,
-    ShortlistDecoder,
-    shortlist_dtype,
-)
+from aiayn.inference.shortlist import SENTENCES_PER_LIST, SentenceShortlistDecoder, ShortlistDecoder
 from aiayn.inference.step_packages import weights_fingerprint
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
@@ -428,9 +423,8 @@ class Translator:
                               "with data.shortlist_k)")
         vocab_size = int(self.tokenizer.tgt_vocab_size)
         if type(self.decoder) is IncrementalDecoder and not whole_vocabulary:
-            lists, sizes = shortlist.sentence_rows(list(src.cpu()), prefix or (), group=SENTENCES_PER_LIST)
+            lists, sizes = shortlist.sentence_rows(src.cpu(), prefix or (), group=SENTENCES_PER_LIST)
             return SentenceShortlistDecoder(self.decoder, lists.to(self.device), sizes, vocab_size,
-                                            dtype=shortlist_dtype(self.decoder.model.output_weight),
                                             sentences_per_list=SENTENCES_PER_LIST)
         extra = [*(i for p in prefix or [] for i in p), *required]
         rows = shortlist.rows(src.flatten().cpu(), extra).to(self.device)

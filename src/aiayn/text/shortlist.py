@@ -46,20 +46,15 @@ class Shortlist:
         parts = [listed[listed >= 0], self.frequent, torch.tensor([EOS_ID, *extra], dtype=torch.long)]
         return torch.cat(parts).unique()
 
-    def sentence_rows(self, sources: Sequence[Iterable[int] | Tensor],
-                      extras: Sequence[Iterable[int]] = (), group: int = 1) -> tuple[Tensor, Tensor]:
-        """The lists of each ``group`` sentences (:meth:`rows` of their source ids and
-        ``extras``, with the four special ids), as (N, C) sorted ids padded with PAD, N =
-        ceil(B / group), and the lists' sizes (N,). The special ids are the lowest, so every
-        list starts with them: column = id."""
+    def sentence_rows(self, src: Tensor, extras: Sequence[Iterable[int]] = (),
+                      group: int = 1) -> tuple[Tensor, Tensor]:
+        """The lists of each ``group`` sentences of ``src`` (B, S), padded: :meth:`rows` of their
+        source ids and ``extras``, with the four special ids; as (N, C) sorted ids padded with
+        PAD, N = ceil(B / group), and the lists' sizes (N,). The special ids are the lowest, so
+        every list starts with them: column = id."""
         specials = (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
-
-        def as_list(seq: Iterable[int] | Tensor) -> list[int]:
-            return seq.tolist() if isinstance(seq, Tensor) else list(seq)
-
-        lists = [self.rows([i for src in sources[g:g + group] for i in as_list(src)],
-                           [*specials, *(i for extra in extras[g:g + group] for i in extra)])
-                 for g in range(0, len(sources), group)]
+        lists = [self.rows(src[g:g + group].flatten(), [*specials, *(i for e in extras[g:g + group] for i in e)])
+                 for g in range(0, src.size(0), group)]
         sizes = torch.tensor([len(ids) for ids in lists], dtype=torch.long)
         out = torch.full((len(lists), int(sizes.max()) if lists else 0), PAD_ID, dtype=torch.long)
         for b, listed in enumerate(lists):
