@@ -166,6 +166,10 @@ def main() -> None:
             if system not in wanted:
                 rows.append({"system": system, "dtype": dtype, "skipped": "not selected"})
                 continue
+            if skip := W.emulated(dtype, args.emulated):
+                rows.append({"system": system, "dtype": dtype, "skipped": skip})
+                print(f"  {system} {dtype}: skipped: {skip}", file=sys.stderr)
+                continue
             row = W.run_isolated(__file__, ["--one", str(root), system, dtype, "--runs", str(runs)])
             if "compile" in dtype and not row.get("skipped"):
                 again = W.run_isolated(__file__, ["--one", str(root), system, dtype, "--runs", "1"])

@@ -207,6 +207,10 @@ def main() -> None:
         for system, dtype in SYSTEMS:
             if system not in wanted:
                 continue
+            if skip := W.emulated(dtype, args.emulated):
+                rows.append({"system": system, "dtype": dtype, "skipped": skip})
+                print(f"  {system} {dtype}: skipped: {skip}", file=sys.stderr)
+                continue
             row = W.run_isolated(__file__, ["--one", str(root), system, dtype, "--runs", str(runs),
                                             "--data-dir", args.data_dir])
             rows.append({"system": system, "dtype": dtype, **row})

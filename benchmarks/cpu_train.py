@@ -142,6 +142,10 @@ def main() -> None:
     for system, dtype in SYSTEMS:
         if system not in wanted:
             continue
+        if skip := W.emulated(dtype, args.emulated):
+            rows.append({"system": system, "dtype": dtype, "skipped": skip})
+            print(f"  {system} {dtype}: skipped: {skip}", file=sys.stderr)
+            continue
         row = W.run_isolated(__file__, ["--one", system, dtype, "--runs", str(runs)])
         rows.append({"system": system, "dtype": dtype, **row})
         print(f"  {system} {dtype}: {row.get('tokens_per_s', 0):.1f} tok/s {row.get('skipped', '')}",

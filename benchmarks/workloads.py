@@ -66,6 +66,20 @@ def add_common_args(ap, json_name: str) -> None:
     add_json_arg(ap, json_name)
     ap.add_argument("--peers-malloc", action="store_true",
                     help="apply aiayn's allocator setting (aiayn.runtime) to the peers too")
+    ap.add_argument("--emulated", action="store_true",
+                    help="also measure precisions this CPU only emulates (bf16 without AVX-512 BF16 or AMX), "
+                         "each many times slower than float32; skipped by default")
+
+
+def emulated(dtype: str, include: bool = False) -> str | None:
+    """Why the row of precision ``dtype`` (``bf16``, ``bf16+compile``, ...) is skipped on this
+    CPU: bf16 where it has no bf16 units (torch converts to float32 around each product, many
+    times slower than float32 itself); None when it is measured (``include``: ``--emulated``)."""
+    from aiayn.runtime import native_bf16
+
+    if include or not dtype.startswith(("bf16", "bfloat16")) or native_bf16("cpu"):
+        return None
+    return "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX); --emulated measures it"
 
 
 def add_decode_args(ap, systems: str) -> None:

@@ -122,10 +122,43 @@ DTYPE_AUTO_CASES = [
     (("avx2", "avx512f", "avx512_vnni", "avx512_bf16"), "int8", "AVX-512 VNNI"),
     (("avx2", "avx512f", "avx512_vnni"), "int8", "AVX-512 VNNI"),
     (("avx2", "avx_vnni"), "int8", "AVX-VNNI"),
-    (("avx2", "avx512f", "avx512_bf16"), "bf16", "AVX-512 BF16"),
-    (("avx2",), "fp32", "no VNNI or bf16 units"),
-    ((), "fp32", "no VNNI or bf16 units"),
+    (("avx2", "avx512f"), "int8", "no VNNI: 7-bit weights"),
+    (("avx2",), "int8", "no VNNI: 7-bit weights"),
+    ((), "fp32", "no int8 kernel or bf16 units"),
 ]
+# The same without oneDNN's int8 kernel (a torch built without it, or not x86).
+DTYPE_AUTO_WITHOUT_ONEDNN = [
+    (("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"), "bf16", "AVX-512 BF16"),
+    (("amx_bf16",), "bf16", "AMX"),
+    (("avx2", "avx512f", "avx512_vnni"), "fp32", "no int8 kernel or bf16 units"),
+    (("avx2",), "fp32", "no int8 kernel or bf16 units"),
+]
+
+
+@pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_WITHOUT_ONEDNN)
+def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
+    from aiayn import runtime
+
+    monkeypatch.setattr(runtime, "_onednn_int8", lambda: False)
+    choice = runtime.auto_inference_dtype("cpu", frozenset(flags))
+    assert (choice.dtype, choice.reason) == (dtype, reason)
+
+
+@pytest.mark.parametrize("flags, onednn, dtype, caveat", [
+    (("avx2",), True, "bf16", "dtype bf16: bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"),
+    (("avx512_bf16",), True, "bf16", "dtype bf16"),
+    (("avx2",), True, "int8", "dtype int8"),
+    (("avx2",), False, "int8", "dtype int8: this torch has no oneDNN int8 kernel; int8 runs on a reference loop, "
+                               "slower than fp32"),
+    (("avx2",), False, "fp32", "dtype fp32"),
+])
+def test_an_explicit_dtype_that_is_slow_here_says_so(monkeypatch: pytest.MonkeyPatch, flags, onednn, dtype, caveat):
+    from aiayn import runtime
+
+    _flags(monkeypatch, *flags)
+    monkeypatch.setattr(runtime, "_onednn_int8", lambda: onednn)
+    assert runtime.resolve_inference_dtype(dtype, "cpu").describe() == caveat
+    assert runtime.resolve_inference_dtype(dtype, "meta").describe() == f"dtype {dtype}"  # not a CPU: no caveat
 
 
 @pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_CASES)
@@ -140,14 +173,20 @@ def test_dtype_auto_on_the_cpu_follows_its_flags(monkeypatch: pytest.MonkeyPatch
     assert choice.describe() == f"dtype auto -> {dtype} ({reason})"
 
 
-@pytest.mark.parametrize("bf16, expected", [(True, "bf16"), (False, "fp16")])
-def test_dtype_auto_on_a_gpu_is_bf16_where_supported_else_fp16(monkeypatch: pytest.MonkeyPatch, bf16, expected):
+@pytest.mark.parametrize("major, expected", [(9, "bf16"), (8, "bf16"), (7, "fp16"), (6, "fp16")])
+def test_dtype_auto_on_a_gpu_is_bf16_where_native_else_fp16(monkeypatch: pytest.MonkeyPatch, major, expected):
+    """Compute capability 8.0 and later compute bf16 natively; a V100 (7.0) or T4 (7.5) gets
+    fp16 even though ``torch.cuda.is_bf16_supported()`` answers True there (emulated bf16)."""
+    import types
+
     import torch
 
     from aiayn.runtime import auto_inference_dtype
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(major=major))
     assert auto_inference_dtype("cuda:0").dtype == expected
 
 
@@ -155,7 +194,7 @@ def test_an_explicit_dtype_skips_auto_and_the_environment_pins_auto(monkeypatch:
     from aiayn.errors import ConfigError
     from aiayn.runtime import DTYPE_ENV, resolve_inference_dtype
 
-    _flags(monkeypatch, "avx512_vnni")
+    _flags(monkeypatch, "avx512_vnni", "avx512_bf16")
     monkeypatch.setenv(DTYPE_ENV, "bf16")
     for name in ("fp32", "bf16", "fp16", "int8"):
         assert resolve_inference_dtype(name, "cpu") == resolve_inference_dtype(name, "cuda")
@@ -252,3 +291,48 @@ def test_one_shot_commands_exit_at_once_only_from_the_process_command_line(monke
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 0 and ended == ([0] if exits_at_once else [])
+
+
+# This machine kind's flags (an AMX CPU) narrowed by $ONEDNN_MAX_CPU_ISA to each kind it emulates.
+AMX_CPU = frozenset({"fma", "avx", "f16c", "avx2", "avx512f", "avx512bw", "avx512vl", "avx_vnni", "avx512_vnni",
+                     "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"})
+NARROWED_CASES = [
+    ("", AMX_CPU),
+    ("AVX512_CORE_AMX", AMX_CPU),
+    ("avx512_core_bf16", AMX_CPU - {"avx512_fp16", "amx_tile", "amx_int8", "amx_bf16"}),
+    ("AVX512_CORE_VNNI", {"fma", "avx", "f16c", "avx2", "avx512f", "avx512bw", "avx512vl", "avx_vnni",
+                          "avx512_vnni"}),
+    ("AVX512_CORE", {"fma", "avx", "f16c", "avx2", "avx512f", "avx512bw", "avx512vl"}),
+    ("AVX2_VNNI", {"fma", "avx", "f16c", "avx2", "avx_vnni"}),
+    ("AVX2", {"fma", "avx", "f16c", "avx2"}),
+    ("SSE41", {"sse4_1"} & AMX_CPU),
+    ("NOT_AN_ISA", AMX_CPU),
+]
+
+
+@pytest.mark.parametrize("isa, expected", NARROWED_CASES)
+def test_onednn_isa_narrows_the_flags_the_precision_choices_read(isa: str, expected: set[str]):
+    from aiayn.runtime import narrowed_flags
+
+    assert narrowed_flags(AMX_CPU, isa) == frozenset(expected)
+
+
+@pytest.mark.parametrize("isa, dtype, reason", [
+    ("", "int8", "AMX"), ("AVX512_CORE_BF16", "int8", "AVX-512 VNNI"), ("AVX512_CORE_VNNI", "int8", "AVX-512 VNNI"),
+    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "int8", "no VNNI: 7-bit weights")])
+def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyPatch, tmp_path, isa, dtype, reason):
+    """cpu_flags() applies $ONEDNN_MAX_CPU_ISA as it reads the CPU: the choice is the kind's."""
+    from aiayn import runtime
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: " + " ".join(sorted(AMX_CPU)) + "\n")
+    monkeypatch.setattr(runtime, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(runtime, "_TORCH_CPU_PROBES", {})
+    monkeypatch.setenv(runtime.ONEDNN_ISA_ENV, isa)
+    monkeypatch.delenv(runtime.DTYPE_ENV, raising=False)
+    runtime.cpu_flags.cache_clear()
+    try:
+        choice = runtime.resolve_inference_dtype("auto", "cpu")
+    finally:
+        runtime.cpu_flags.cache_clear()
+    assert (choice.dtype, choice.reason) == (dtype, reason)

@@ -86,7 +86,34 @@ def cpu_flags() -> frozenset[str]:
                     break
     except OSError:  # not Linux: torch's probes alone
         pass
-    return frozenset(flags)
+    return narrowed_flags(frozenset(flags), os.environ.get(ONEDNN_ISA_ENV, ""))
+
+
+# oneDNN, which runs torch's CPU matmuls in every precision, uses no instruction set above
+# $ONEDNN_MAX_CPU_ISA: the flags each of its levels (lower case) leaves out. A CPU narrowed
+# this way behaves, for the precision choices below, as the CPU kind it emulates.
+ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
+_AVX512 = ("avx512",)  # every avx512* flag
+_AMX = ("amx",)
+_ONEDNN_ISA_DROPS: dict[str, tuple[str, ...]] = {
+    "sse41": ("avx", "fma", "f16c") + _AVX512 + _AMX,
+    "avx": ("avx2", "fma") + _AVX512 + _AMX,
+    "avx2": ("avx_vnni",) + _AVX512 + _AMX,
+    "avx2_vnni": _AVX512 + _AMX,
+    "avx2_vnni_2": _AVX512 + _AMX,
+    "avx512_core": ("avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni") + _AMX,
+    "avx512_core_vnni": ("avx512_bf16", "avx512_fp16") + _AMX,
+    "avx512_core_bf16": ("avx512_fp16",) + _AMX,
+    "avx10_1_512": _AMX,
+    "avx512_core_fp16": _AMX,
+}
+
+
+def narrowed_flags(flags: frozenset[str], max_isa: str) -> frozenset[str]:
+    """``flags`` less what oneDNN may not use under ``ONEDNN_MAX_CPU_ISA=max_isa`` (e.g.
+    ``AVX2``: no AVX-512, VNNI or AMX). An empty, unknown or AMX-level value leaves them."""
+    drops = _ONEDNN_ISA_DROPS.get(max_isa.strip().lower(), ())
+    return frozenset(f for f in flags if not f.startswith(drops)) if drops else flags
 
 
 def _amx(flags: frozenset[str] | set[str]) -> bool:
@@ -112,10 +139,14 @@ def native_bf16(device: torch.device | str) -> bool:
 
 
 def resolve_train_dtype(dtype: str, device: torch.device | str) -> str:
-    """``train.dtype`` with ``auto`` resolved: bf16 where it is native, else fp32."""
+    """``train.dtype`` with ``auto`` resolved: bf16 where it is native; on a CUDA GPU without
+    it but with fp16 tensor cores (:func:`cuda_fp16_tensor_cores`), fp16 (trained with the
+    gradient scaler); else fp32."""
     if dtype != "auto":
         return dtype
-    return "bf16" if native_bf16(device) else "fp32"
+    if native_bf16(device):
+        return "bf16"
+    return "fp16" if cuda_fp16_tensor_cores(device) else "fp32"
 
 
 # Precision names of configs and command lines -> torch dtypes (None: float32 as stored).
@@ -139,15 +170,38 @@ DTYPE_ENV = "AIAYN_DTYPE"
 @dataclass(frozen=True)
 class DtypeChoice:
     """The precision inference runs in, and why: ``reason`` names the hardware feature that
-    made ``auto`` choose it, or where an explicit choice came from."""
+    made ``auto`` choose it, or where an explicit choice came from; ``caveat``, for an explicit
+    choice that is slow on this device, says so."""
 
     dtype: str  # fp32 | bf16 | fp16 | int8
     reason: str
     auto: bool = True  # chosen for "auto" (else given explicitly)
+    caveat: str = ""
 
     def describe(self) -> str:
         """One line for the commands to print, e.g. ``dtype auto -> int8 (AVX-512 VNNI)``."""
-        return f"dtype auto -> {self.dtype} ({self.reason})" if self.auto else f"dtype {self.dtype}"
+        if self.auto:
+            return f"dtype auto -> {self.dtype} ({self.reason})"
+        return f"dtype {self.dtype}: {self.caveat}" if self.caveat else f"dtype {self.dtype}"
+
+
+# `--dtype auto` on a CPU, by kind: the first row whose flags the CPU has (any of them) decides.
+# Measured per kind in docs/results.md ("Precision per CPU kind"). int8 runs oneDNN's int8
+# matmul everywhere on x86: with VNNI or AMX full 8-bit weights, without them 7-bit weights
+# (aiayn.inference.quantize), still faster than float32. bf16 wins only where int8 cannot run.
+CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (("amx_int8", "amx_tile"), "int8", "AMX"),
+    (("avx512_vnni",), "int8", "AVX-512 VNNI"),
+    (("avx_vnni",), "int8", "AVX-VNNI"),
+    (("avx512f", "avx2"), "int8", "no VNNI: 7-bit weights"),
+)
+
+
+def _onednn_int8() -> bool:
+    """Whether torch has oneDNN's int8 linear (x86 builds): without it int8 runs on a reference loop."""
+    import torch
+
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
 def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[str] | set[str] | None = None
@@ -155,46 +209,56 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     """The fastest precision whose translations stay within the quality guard of float32
     (the slow Multi30k test) on ``device``; ``flags``: the CPU's (default :func:`cpu_flags`).
 
-    CPU: int8 (int8 weights, per-token int8 inputs: ``aiayn.inference.quantize``) where the
-    CPU has int8 dot-product instructions (VNNI, or AMX's int8 tiles); else bf16 where it
-    has bf16 units (AVX-512 BF16, AMX); else fp32 (bf16 emulated is slower than fp32, and int8
-    without VNNI runs on a slow exact fallback). Where both are native, int8 wins: an int8
-    dot-product instruction does twice the multiply-adds of a bf16 one, so its matmuls
-    have twice bf16's ceiling, and its per-token scales keep BLEU with fp32's. CUDA: bf16 where
-    the GPU supports it, else fp16. Any other device: fp32.
+    CPU: int8 (int8 weights, per-token int8 inputs: ``aiayn.inference.quantize``) on every x86
+    kind of :data:`CPU_AUTO_DTYPES`; an int8 dot-product instruction does twice the
+    multiply-adds of a bf16 one, and per-token scales keep BLEU with fp32's. Where torch has
+    no oneDNN int8 kernel, bf16 where the CPU has bf16 units, else fp32. CUDA: bf16 where the
+    GPU computes it natively, else fp16. Any other device: fp32.
     """
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
-            return DtypeChoice("bf16", "CUDA, bf16 supported")
-        return DtypeChoice("fp16", "CUDA, no bf16")
+        if cuda_native_bf16(device):
+            return DtypeChoice("bf16", "CUDA, native bf16")
+        return DtypeChoice("fp16", "CUDA, no native bf16")
     if device.type != "cpu":
         return DtypeChoice("fp32", f"{device.type}: fp32 only")
     flags = cpu_flags() if flags is None else flags
-    if "amx_int8" in flags or "amx_tile" in flags:
-        return DtypeChoice("int8", "AMX")
-    if "avx512_vnni" in flags:
-        return DtypeChoice("int8", "AVX-512 VNNI")
-    if "avx_vnni" in flags:
-        return DtypeChoice("int8", "AVX-VNNI")
+    if _onednn_int8():
+        for needs, dtype, reason in CPU_AUTO_DTYPES:
+            if flags & set(needs):
+                return DtypeChoice(dtype, reason)
     if "avx512_bf16" in flags:
         return DtypeChoice("bf16", "AVX-512 BF16")
     if "amx_bf16" in flags:
         return DtypeChoice("bf16", "AMX")
-    return DtypeChoice("fp32", "no VNNI or bf16 units")
+    return DtypeChoice("fp32", "no int8 kernel or bf16 units")
+
+
+def _caveat(dtype: str, device: torch.device | str) -> str:
+    """For an explicit ``--dtype`` that is slow here, why (one clause); else empty."""
+    import torch
+
+    if torch.device(device).type != "cpu":
+        return ""
+    if dtype == "bf16" and not native_bf16("cpu"):
+        return "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"
+    if dtype == "int8" and not _onednn_int8():
+        return "this torch has no oneDNN int8 kernel; int8 runs on a reference loop, slower than fp32"
+    return ""
 
 
 def resolve_inference_dtype(dtype: str, device: torch.device | str = "cpu") -> DtypeChoice:
-    """``--dtype`` (or ``dtype=`` of the Python API) resolved: an explicit precision as it is;
-    ``auto``: ``$AIAYN_DTYPE`` if set (a precision for every command of a deployment, or
-    of a test run), else :func:`auto_inference_dtype`. An unknown name is a
-    :class:`~aiayn.errors.ConfigError` naming where it came from."""
+    """``--dtype`` (or ``dtype=`` of the Python API) resolved: an explicit precision as it is
+    (with a caveat where it is slow on this device); ``auto``: ``$AIAYN_DTYPE`` if set (a
+    precision for every command of a deployment, or of a test run), else
+    :func:`auto_inference_dtype`. An unknown name is a :class:`~aiayn.errors.ConfigError`
+    naming where it came from."""
     if dtype != "auto":
         if dtype not in INFERENCE_PRECISIONS:
             raise ConfigError(f"--dtype {dtype}: choose from auto, {', '.join(INFERENCE_PRECISIONS)}")
-        return DtypeChoice(dtype, "as given", auto=False)
+        return DtypeChoice(dtype, "as given", auto=False, caveat=_caveat(dtype, device))
     pinned = os.environ.get(DTYPE_ENV, "").strip()
     if pinned and pinned != "auto":
         if pinned not in INFERENCE_PRECISIONS:
@@ -341,3 +405,17 @@ def cuda_native_bf16(device: torch.device | str = "cuda") -> bool:
     if torch.version.hip:  # every ROCm architecture torch supports has bf16
         return True
     return torch.cuda.get_device_properties(torch.device(device)).major >= 8
+
+
+def cuda_fp16_tensor_cores(device: torch.device | str = "cuda") -> bool:
+    """Whether ``device`` is a CUDA GPU with fp16 tensor cores: compute capability 7.0 and
+    later (Volta: V100; Turing: T4, RTX 20xx; and everything since). Below it (Pascal and
+    older) fp16 matmuls gain little or nothing over float32."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_properties(device).major >= 7

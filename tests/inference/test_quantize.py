@@ -209,22 +209,85 @@ def test_quantized_model_with_d_k_different_from_d_v_stays_close() -> None:
     _assert_int8_log_prob_error(out, ref)
 
 
-@pytest.mark.parametrize(("vnni", "amx", "mkldnn", "expected"), [
-    (True, False, True, True),
-    (False, True, True, True),
-    (True, True, True, True),
-    (False, False, True, False),  # vpmaddubsw saturates: not exact, use torch._int_mm
-    (True, False, False, False),
-    (False, False, False, False),
-])
-def test_onednn_kernel_only_where_it_is_exact(monkeypatch: pytest.MonkeyPatch, vnni: bool, amx: bool,
-                                              mkldnn: bool, expected: bool) -> None:
+@pytest.mark.parametrize(("mkldnn", "expected"), [(True, True), (False, False)])
+def test_onednn_kernel_wherever_torch_has_it(monkeypatch: pytest.MonkeyPatch, mkldnn: bool, expected: bool) -> None:
     if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
-    monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda: vnni)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: mkldnn)
     assert Q._onednn_available() is expected
+
+
+@pytest.mark.parametrize(("exact", "kernel", "qmax"), [
+    (True, "onednn", 127.0), (False, "onednn", 63.0), (True, "int_mm", 127.0), (False, "int_mm", 127.0)])
+def test_weights_lose_one_bit_only_where_onednn_would_saturate(monkeypatch: pytest.MonkeyPatch, exact: bool,
+                                                               kernel: str, qmax: float) -> None:
+    monkeypatch.setattr(Q, "full_range_exact", lambda: exact)
+    assert Q.weight_qmax(kernel) == qmax
+    if kernel not in KERNELS:
+        return
+    torch.manual_seed(6)
+    lin = nn.Linear(48, 20)
+    layer = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
+    w8, ws = Q.quantize_rows(lin.weight.detach(), qmax)
+    assert torch.equal(layer.weight_scale, ws[:, 0])
+    assert int(w8.abs().max()) == int(qmax)  # each row's largest weight reaches the range's end
+    x = torch.randn(7, 48) * 2
+    x8, xs = Q.quantize_rows(x)
+    expected = (x8.long() @ w8.long().t()).float() * ws[:, 0] * xs + lin.bias.detach()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_quantize_rows_to_seven_bits_golden() -> None:
+    x8, scale = Q.quantize_rows(torch.tensor([[126.0, -63.0, 31.0, 1.0]]), 63.0)
+    assert x8.tolist() == [[63, -32, 16, 0]] and scale.tolist() == [[2.0]]  # -31.5 and 15.5: to even
+
+
+_SATURATING_CPU = """
+import torch
+from torch import nn
+from aiayn.inference import quantize as Q
+assert Q.KERNEL == "onednn"
+print("exact", Q.full_range_exact())
+torch.manual_seed(0)
+lin = nn.Linear(256, 64)
+x = torch.randn(33, 256) * 4
+layer = Q.Int8Linear(lin.weight, lin.bias)
+for qmax, y in ((Q.weight_qmax("onednn"), layer(x)), (127.0, None)):
+    w8, ws = Q.quantize_rows(lin.weight.detach(), qmax)
+    x8, xs = Q.quantize_rows(x)
+    ref = (x8.long() @ w8.long().t()).float() * ws[:, 0] * xs + lin.bias.detach()
+    if y is None:  # full-range weights through oneDNN: does this CPU saturate them?
+        packed = torch.ops.onednn.qlinear_prepack(w8, None)
+        y = Q._onednn_linear(Q._as_uint8(x8), packed, ws[:, 0], torch.zeros(64, dtype=torch.long)) * xs
+        y = y + lin.bias.detach()
+    print(qmax, bool(torch.allclose(y.detach(), ref, rtol=1e-6, atol=1e-5)))
+"""
+
+
+@pytest.mark.parametrize(("isa", "expected"), [
+    ("AVX2", ["exact False", "63.0 True", "127.0 False"]),  # vpmaddubsw: 7-bit weights needed
+    ("", None),  # this CPU as it is: exact at full range iff its kernel does not saturate
+])
+def test_int8_is_exact_on_a_cpu_without_vnni(isa: str, expected: list[str] | None) -> None:
+    """oneDNN narrowed to AVX2 (``ONEDNN_MAX_CPU_ISA``, read when torch loads) runs the
+    saturating kernel of an AVX2-only CPU: the probe sees it, the layers take 7-bit weights and
+    match the integer reference, and full-range weights would not."""
+    import os
+    import subprocess
+    import sys
+
+    if not Q._onednn_available():
+        pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else {
+        k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+    out = subprocess.run([sys.executable, "-c", _SATURATING_CPU], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")[:3]
+    if expected is None:  # here: whatever the CPU, the chosen weights are exact
+        exact = out[0] == "exact True"
+        expected = ["exact True", "127.0 True", "127.0 True"] if exact else ["exact False", "63.0 True",
+                                                                             "127.0 False"]
+    assert out == expected
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

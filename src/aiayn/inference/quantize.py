@@ -17,7 +17,18 @@ int64 reference):
   input) and multiplies by s_w inside the matmul, so only s_x and b are left: 2 cheap
   passes. The faster of the two, so it is used wherever it exists.
 * ``int_mm``: ``torch._int_mm`` (int8 x int8 -> int32) and the scaling as separate passes,
-  wherever oneDNN's op is missing.
+  wherever oneDNN's op is missing. On x86 CPUs without AVX-512 VNNI torch runs it on a
+  reference loop, orders of magnitude slower than a float32 matmul.
+
+Weights of 7 bits where oneDNN's products would saturate. With VNNI or AMX, oneDNN multiplies
+and adds uint8 x int8 pairs in 32 bits, exactly. Without them (AVX2-only and AVX-512 CPUs
+without VNNI) its kernels use ``vpmaddubsw``, which adds two uint8 x int8 products into a
+saturating int16: 255 * 127 * 2 overflows it. There the weights are quantized to +-63
+(``s_w[n] = max_k |W[n, k]| / 63``): 255 * 63 * 2 = 32,130 fits, so the integer products
+are exact again, at the cost of one bit of weight resolution (oneDNN's own advice for these
+CPUs). Which case holds is measured, not read from the CPU flags: :func:`full_range_exact`
+multiplies the worst-case pair once per process, so a narrowed instruction set
+(``ONEDNN_MAX_CPU_ISA``) is seen as the kernel really runs.
 
 Only the inference path uses it: :func:`aiayn.inference.optimize.optimize_for_inference`
 swaps these layers into its copy of a model, never into the model itself. The embeddings,
@@ -28,32 +39,59 @@ be trained or saved as a checkpoint.
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import Tensor, nn
 
 _QMAX = 127.0
+_QMAX_7_BITS = 63.0  # weights where oneDNN's uint8 x int8 pair sums saturate (module docstring)
 _ZERO_POINT = 128  # int8 -> uint8 for oneDNN: x8 + 128
 _TINY = torch.finfo(torch.float32).tiny
 
 
 def _onednn_available() -> bool:
-    # Without VNNI (or AMX) oneDNN's x86 int8 kernels multiply uint8 x int8 pairs with
-    # vpmaddubsw, whose int16 sums saturate: wrong results for full-range inputs. There,
-    # torch._int_mm computes the exact integer products.
-    exact = torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()
-    return exact and torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
 
 
 # Which kernel new Int8Linear layers use; tests switch it to compare the two.
 KERNEL = "onednn" if _onednn_available() else "int_mm"
 
 
-def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 quantization of each row: x (M, K) -> x8 (M, K) int8, scale (M, 1).
+def _onednn_linear(xu: Tensor, packed_weight: Tensor, weight_scale: Tensor, weight_zero_point: Tensor) -> Tensor:
+    """(xu - 128) W8^T * s_w in float32, by oneDNN: xu uint8 (M, K), W8 packed (N, K), the
+    weights' zero points int64 zeros (N,): exact integer products, scaled in the epilogue."""
+    return torch.ops.onednn.qlinear_pointwise(xu, 1.0, _ZERO_POINT, packed_weight, weight_scale, weight_zero_point,
+                                              None, 1.0, 0, torch.float32, "none", [], "")
+
+
+@functools.lru_cache(maxsize=1)
+def full_range_exact() -> bool:
+    """Whether oneDNN's int8 linear computes full-range products exactly on this CPU: the
+    largest input (uint8 255, i.e. int8 127) times the largest weight (127), summed over 64
+    columns, which a saturating int16 pair sum gets wrong. Measured once per process."""
+    k = 64
+    weight = torch.full((8, k), int(_QMAX), dtype=torch.int8)
+    xu = torch.full((4, k), 255, dtype=torch.uint8)
+    y = _onednn_linear(xu, torch.ops.onednn.qlinear_prepack(weight, None), torch.ones(8),
+                       torch.zeros(8, dtype=torch.long))
+    return bool((y == _QMAX * _QMAX * k).all())
+
+
+def weight_qmax(kernel: str) -> float:
+    """The largest integer a weight is quantized to for ``kernel``: 127, or 63 where oneDNN's
+    products of full-range weights would saturate (module docstring)."""
+    if kernel == "onednn" and not full_range_exact():
+        return _QMAX_7_BITS
+    return _QMAX
+
+
+def quantize_rows(x: Tensor, qmax: float = _QMAX) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 quantization of each row: x (M, K) -> x8 (M, K) int8 in [-qmax, qmax],
+    scale (M, 1).
 
     All-zero rows get the smallest positive scale (their int8 row is zero either way)."""
-    scale = x.abs().amax(dim=1, keepdim=True).div_(_QMAX).clamp_(min=_TINY)
+    scale = x.abs().amax(dim=1, keepdim=True).div_(qmax).clamp_(min=_TINY)
     # round, then convert: float -> int8 truncates (and converts faster than float -> uint8)
     return (x / scale).round_().to(torch.int8), scale
 
@@ -75,16 +113,16 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.kernel = kernel or KERNEL
-        w8, scale = quantize_rows(weight.detach().float())  # (N, K) int8, (N, 1)
+        if self.kernel not in ("onednn", "int_mm"):
+            raise ValueError(f"Int8Linear: unknown kernel {self.kernel!r} (onednn, int_mm)")
+        w8, scale = quantize_rows(weight.detach().float(), weight_qmax(self.kernel))  # (N, K) int8, (N, 1)
         self.weight_scale = scale[:, 0].contiguous()  # (N,)
         self.bias = None if bias is None else bias.detach().float().clone()
         if self.kernel == "onednn":
             self.packed_weight = torch.ops.onednn.qlinear_prepack(w8, None)
             self._weight_zero_point = torch.zeros(self.out_features, dtype=torch.long)
-        elif self.kernel == "int_mm":
-            self.packed_weight = w8.t().contiguous()  # (K, N)
         else:
-            raise ValueError(f"Int8Linear: unknown kernel {self.kernel!r} (onednn, int_mm)")
+            self.packed_weight = w8.t().contiguous()  # (K, N)
 
     def forward(self, x: Tensor) -> Tensor:
         # x (..., K) float -> (..., N) float32
@@ -94,11 +132,7 @@ class Int8Linear(nn.Module):
         x = x.reshape(-1, self.in_features).float()  # (M, K)
         x8, x_scale = quantize_rows(x)
         if self.kernel == "onednn":
-            xu = _as_uint8(x8)
-            # (xu - 128) W8^T * s_w: exact integer products, scaled by s_w in the epilogue
-            y = torch.ops.onednn.qlinear_pointwise(
-                xu, 1.0, _ZERO_POINT, self.packed_weight, self.weight_scale, self._weight_zero_point,
-                None, 1.0, 0, torch.float32, "none", [], "")
+            y = _onednn_linear(_as_uint8(x8), self.packed_weight, self.weight_scale, self._weight_zero_point)
         else:
             y = torch._int_mm(x8, self.packed_weight) * self.weight_scale  # int32 -> float32
         y.mul_(x_scale)  # (M, N)
