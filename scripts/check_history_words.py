@@ -5,7 +5,10 @@ The code, docs, configs, tests, benchmarks and scripts speak of the product only
 finds numbered stints of work ("sixteenth session", "this session", "session 12"), machine
 letters ("machine D", "machine-D kind"), issue references ("issue 22", "(#22)", "the
 CPU-performance issue"), the makers' first person ("I ran", "we measured", "our run"), "run of
-work", "lab notebook" and dates of work (ISO dates outside CHANGELOG.md and the results page).
+work", "lab notebook", dates of work (ISO dates outside CHANGELOG.md and the results page),
+words of an earlier state ("added since", "the previous full run", "its former name", "the old
+train.tensorboard", "the earlier recipe", "once on a loaded machine"), and in src/, tests/ and
+benchmarks/ (their result files included) the paths of one machine ("../shared", "/work/runs/x").
 It prints ``file:line: word`` for each and exits 1; with none it prints nothing and exits 0.
 
     python scripts/check_history_words.py                 # the product's files (ROOTS)
@@ -59,7 +62,18 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
                                 r"I(?:['’](?:m|ve|d|ll)\b|\s+[a-z]+\b)")),
     ("first person", re.compile(r"\b[Ww]e(?:['’](?:ve|re|d|ll))?\b|\b[Oo]urs?\b")),
     ("date of work", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
+    # a first release has no earlier state to speak of: say what the product does now
+    ("earlier state", re.compile(
+        r"\badded since\b|\bprevious (?:full )?runs?\b|\bformer names?\b|\bearlier recipes?\b"
+        r"|\bonce on a (?:loaded|busy) machine\b", re.IGNORECASE)),
+    # "the old train.tensorboard", "the old `row_topk`": an option or a function, not "old checkpoints"
+    ("earlier state", re.compile(r"\b[Oo]ld `?[a-z][a-z0-9_]*(?:[._][a-z0-9_]+)+`?")),
+    ("machine path", re.compile(r"\.\./shared\b|[\"']shared[\"']\s*/\s*[\"']data[\"']"
+                                r"|(?<![\w./$-])/(?:work|home|Users|root)/[\w.-]+")),
 )
+
+# Rules read only in some files (fnmatch patterns); the others apply everywhere.
+RULE_SCOPE = {"machine path": ("src/*", "tests/*", "benchmarks/*")}
 
 # (file pattern, pattern): a hit inside a match of the pattern, in a file the file pattern
 # matches (fnmatch: "*" also crosses "/"), is a real use of the word, not history.
@@ -77,6 +91,8 @@ ALLOWED: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("CHANGELOG.md", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
     ("docs/results.md", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
     ("*.json", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
+    # the README test asserts that the README points at no folder beside the checkout
+    ("tests/test_readme.py", re.compile(r"\"\.\./shared\" not in")),
 )
 
 # Hex colours (#333) are not issue numbers: no "#N" rule in style and page files.
@@ -132,6 +148,8 @@ def scan_text(path: str, text: str) -> list[Hit]:
         found: list[tuple[int, int]] = []
         for rule, regex in RULES:
             if hash_rule_off and rule == "issue number":
+                continue
+            if rule in RULE_SCOPE and not any(fnmatch.fnmatchcase(path, p) for p in RULE_SCOPE[rule]):
                 continue
             for m in regex.finditer(line):
                 if line_spans is not None and not any(a <= m.start() < b for a, b in line_spans):

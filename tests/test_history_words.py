@@ -39,6 +39,17 @@ PLANTED = {
         "# Chosen on val (twelfth session: 1.2 beat 0.6)\n"
         "vocab_size: 4000   # 4k for our 3.4k\n"
     ),
+    "docs/history.md": (
+        "The step added since; the previous full run and the previous run; Previous runs.\n"
+        "--buffer-size is its former name; the old `train.tensorboard` and the old row_topk.\n"
+        "The earlier recipe timed out once on a loaded machine.\n"
+    ),
+    "tests/test_data.py": (
+        'MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", REPO.parent / "shared" / "data"))\n'
+        "# the mirror is ../shared/data beside the checkout\n"
+        'CHECKPOINT = "/work/runs/m30k/member1/averaged"\n'
+    ),
+    "benchmarks/results/end_to_end.json": '{"source": "/home/alice/data/test.en.gz"}\n',
     "src/pkg/mod.py": (
         '"""We measured this on machine C."""\n'
         "ours = theirs = 1  # I checked it (issue 7)\n"
@@ -47,6 +58,7 @@ PLANTED = {
     ),
 }
 GOLDEN = [
+    "benchmarks/results/end_to_end.json:1: /home/alice",
     "configs/recipe.yaml:1: session",
     "configs/recipe.yaml:2: our",
     "docs/guide.md:2: session",
@@ -74,11 +86,23 @@ GOLDEN = [
     "docs/guide.md:7: lab notebook",
     "docs/guide.md:7: scratch notes",
     "docs/guide.md:7: stint",
+    "docs/history.md:1: added since",
+    "docs/history.md:1: previous full run",
+    "docs/history.md:1: previous run",
+    "docs/history.md:1: Previous runs",
+    "docs/history.md:2: former name",
+    "docs/history.md:2: old `train.tensorboard`",
+    "docs/history.md:2: old row_topk",
+    "docs/history.md:3: earlier recipe",
+    "docs/history.md:3: once on a loaded machine",
     "src/pkg/mod.py:1: We",
     "src/pkg/mod.py:1: machine C",
     "src/pkg/mod.py:2: I checked",
     "src/pkg/mod.py:2: issue 7",
     "src/pkg/mod.py:4: our",
+    'tests/test_data.py:1: "shared" / "data"',
+    "tests/test_data.py:2: ../shared",
+    "tests/test_data.py:3: /work/runs",
 ]
 
 # Real uses of the same words, in the files where they are allowed: none is reported.
@@ -103,6 +127,10 @@ ALLOWED = {
     "CHANGELOG.md": "## 0.1.0 (2026-11-27)\n",
     "benchmarks/results/decode.json": '{"date": "2026-11-25"}\n',
     "docs/parsing.md": "Table I of the paper; the issue of a request; reissue 5 times; a machine learns.\n",
+    # words near the earlier-state ones, and paths outside src/, tests/ and benchmarks/
+    "docs/training.md": ("Resuming continues the run; old checkpoints are removed; a run since the last save.\n"
+                         "A mirror folder such as /home/me/mirror or ../shared/data.\n"),
+    "tests/test_readme.py": 'assert "../shared" not in README.read_text(encoding="utf-8")\n',
 }
 
 
@@ -144,7 +172,7 @@ def test_a_clean_tree_passes_and_binary_files_are_skipped(tmp_path: Path) -> Non
 
 def test_given_paths_limit_the_check(tmp_path: Path) -> None:
     _plant(tmp_path, PLANTED)
-    assert [str(h) for h in checker.scan(tmp_path, ["configs"])] == GOLDEN[:2]
+    assert [str(h) for h in checker.scan(tmp_path, ["configs"])] == [g for g in GOLDEN if g.startswith("configs/")]
 
 
 def test_the_checker_and_this_test_are_exempt() -> None:

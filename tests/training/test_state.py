@@ -17,7 +17,7 @@ from aiayn.training.trainer import Trainer
 KEYS = ["step", "epoch", "data", "scheduler", "rng", "rng_per_rank", "world_size", "scaler",
         "nonfinite", "tokens_seen", "elapsed", "best", "last_valid"]
 NONFINITE_KEYS = ["consecutive", "total", "fp16_overflows"]
-# Keys added since, after the others, with the value an older state.json reads back as.
+# Keys after those, each with the value a state.json without it reads back as.
 ADDED = {"validations_since_best": 0}
 
 
