@@ -17,7 +17,8 @@ def test_bf16_is_native_from_ampere_on(monkeypatch: pytest.MonkeyPatch, major: i
     # torch.cuda.is_bf16_supported() says True on a V100 / T4 too (emulation): not asked.
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
     assert cuda_native_bf16("cuda:0") is native and native_bf16("cuda") is native
-    assert resolve_train_dtype("auto", "cuda:0") == ("bf16" if native else "fp32")
+    # Without native bf16: fp16 (with the gradient scaler) where there are fp16 tensor cores (7.x).
+    assert resolve_train_dtype("auto", "cuda:0") == ("bf16" if native else "fp16" if major >= 7 else "fp32")
 
 
 def test_no_cuda_no_bf16(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -116,6 +116,26 @@ def narrowed_flags(flags: frozenset[str], max_isa: str) -> frozenset[str]:
     return frozenset(f for f in flags if not f.startswith(drops)) if drops else flags
 
 
+# The CPU kinds the results page has a table for, most capable first: (name, any of these flags).
+CPU_KINDS = (("AMX", ("amx_tile", "amx_int8", "amx_bf16")), ("AVX-512 BF16", ("avx512_bf16",)),
+             ("AVX-512 VNNI", ("avx512_vnni",)), ("AVX-VNNI", ("avx_vnni",)), ("AVX-512", ("avx512f",)),
+             ("AVX2", ("avx2",)))
+# Variables that narrow the instruction sets torch, oneDNN, MKL and CTranslate2 use: set, they make
+# this CPU behave as a less capable kind (figures taken so are labelled emulated).
+ISA_NARROWING_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
+
+
+def cpu_kind(flags: frozenset[str] | set[str] | None = None) -> str:
+    """This CPU's kind, by its most capable matrix instructions (``flags``: default
+    :func:`cpu_flags`, narrowed by ``ONEDNN_MAX_CPU_ISA``): ``AMX``, ``AVX-512 BF16``,
+    ``AVX-512 VNNI``, ``AVX-VNNI``, ``AVX-512``, ``AVX2`` or ``other``; `` (emulated: VAR=VALUE ...)``
+    follows where a variable of :data:`ISA_NARROWING_ENV` is set."""
+    flags = cpu_flags() if flags is None else flags
+    kind = next((name for name, needs in CPU_KINDS if flags & set(needs)), "other")
+    narrowing = " ".join(f"{k}={os.environ[k]}" for k in ISA_NARROWING_ENV if os.environ.get(k))
+    return f"{kind} (emulated: {narrowing})" if narrowing else kind
+
+
 def _amx(flags: frozenset[str] | set[str]) -> bool:
     return bool({"amx_tile", "amx_int8", "amx_bf16"} & flags)
 

@@ -36,11 +36,12 @@ from torch import Tensor
 
 from aiayn.checkpoint.average import average_weights
 from aiayn.checkpoint.directory import LoadedCheckpoint, load_checkpoint
-from aiayn.config import INFERENCE_DTYPES, Config, DecodeConfig, to_dict
+from aiayn.config import Config, DecodeConfig, to_dict
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder, IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder, compile_pays
 from aiayn.inference.constraints import Constraint, LexicalConstraint
+from aiayn.inference.cuda_graphs import CudaGraphDecoder, graphs_pay, uses_cuda_graphs
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import SearchHypothesis, max_output_lengths, search
 from aiayn.inference.shortlist import SENTENCES_PER_LIST, SentenceShortlistDecoder, ShortlistDecoder
@@ -48,6 +49,7 @@ from aiayn.inference.step_packages import weights_fingerprint
 from aiayn.inference.terms import ConstraintError, LexicalConstraints, constraints_list
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime import (
+    INFERENCE_PRECISIONS,
     TORCH_DTYPES,
     DtypeChoice,
     compile_cache_dir,
@@ -121,7 +123,7 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
             raise ConfigError(f"--dtype int8 is a CPU path (oneDNN int8 matmuls); on {device} use fp16 or bf16")
         return None
     if dtype not in TORCH_DTYPES:
-        raise ConfigError(f"--dtype {dtype}: choose from {', '.join(INFERENCE_DTYPES)}")
+        raise ConfigError(f"--dtype {dtype}: choose from {', '.join(INFERENCE_PRECISIONS)}")
     out = torch_dtype(dtype)
     if out is torch.float16 and device.type != "cuda":
         raise ConfigError("--dtype fp16 needs a CUDA device; use bf16 on the CPU")
@@ -242,7 +244,9 @@ class Translator:
     # ------------------------------------------------------------ compiled steps
 
     def _decoder(self, compiled: bool) -> Any:
-        step = CompiledDecoder if compiled else IncrementalDecoder
+        # Compiled steps: CUDA graphs on a GPU, AOTInductor packages on a CPU.
+        step = IncrementalDecoder if not compiled else (
+            CudaGraphDecoder if uses_cuda_graphs(self.device) else CompiledDecoder)
         decoders = [step(optimized, autocast=self._autocast) for optimized in self._optimized]
         return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
 
@@ -267,6 +271,8 @@ class Translator:
         """Whether compiling the steps wins back its warm-up over ``lines`` more lines
         (None: unknown, a stream) on this device (:func:`aiayn.inference.compiled.compile_pays`),
         counting on a cheaper warm-up where an earlier run compiled this model's steps."""
+        if uses_cuda_graphs(self.device):
+            return graphs_pay(lines)
         parameters = self.parameters["parameters"]
         if not compile_pays(lines, parameters, self.device, warm=True):
             return False  # too few lines even for a warm cache: no need to look for one

@@ -2,6 +2,9 @@
 
 bf16 needs no scaler (its exponent range is fp32's); fp16 does, and only CUDA has one that
 the optimizer update can rely on. Master weights and optimizer state stay fp32 either way.
+``train.dtype: auto`` (:func:`aiayn.runtime.resolve_train_dtype`) gives bf16 where the device
+computes it natively and fp16, with the scaler, on CUDA GPUs that have fp16 tensor cores
+but no native bf16 (Volta, Turing).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ def dtype_label(configured: str, resolved: str) -> str:
     """For the start-of-run log line: what train.dtype resolved to, and why."""
     if configured != "auto":
         return resolved
-    why = "native bf16" if resolved == "bf16" else "no native bf16 on this device"
+    why = {"bf16": "native bf16", "fp16": "no native bf16 on this GPU, fp16 tensor cores, a gradient scaler"}.get(
+        resolved, "no native bf16 on this device")
     return f"dtype auto -> {resolved}: {why}"
 
 
