@@ -220,3 +220,17 @@ def test_shipped_configs_load_and_keep_their_header_short(name: str) -> None:
     header = text[:text.index("\n\n")].splitlines()
     assert all(line.startswith("#") for line in header) and len(header) <= 10
     assert "../" not in text and load_config(path).data.data_dir is None
+
+
+def test_the_output_bound_is_one_rule():
+    """a * |x| + b, truncated: what the search forces EOS after and what the exports copy."""
+    import torch
+
+    from aiayn.inference.search import max_output_lengths
+
+    cfg = DecodeConfig(max_len_a=1.3, max_len_b=7)
+    assert [cfg.max_output_len(n) for n in (0, 1, 9, 10)] == [7, 8, 18, 20]
+    assert DecodeConfig().max_output_len(12) == 62  # the paper's 1 * |x| + 50
+    lengths = torch.tensor([0, 1, 9, 10])
+    assert max_output_lengths(lengths, cfg, None).tolist() == [7, 8, 18, 20]
+    assert max_output_lengths(lengths, cfg, 15).tolist() == [7, 8, 14, 14]  # one position stays for EOS

@@ -13,8 +13,8 @@ import sys
 import typing
 from typing import TYPE_CHECKING, Any
 
-from aiayn.config import INFERENCE_DTYPES, DecodeConfig, check_decode_bounds, decode_options
-from aiayn.runtime import DTYPE_ENV, DtypeChoice, resolve_device, resolve_inference_dtype
+from aiayn.config import DecodeConfig, check_decode_bounds, decode_options
+from aiayn.runtime import DTYPE_ENV, INFERENCE_PRECISIONS, DtypeChoice, resolve_device, resolve_inference_dtype
 
 if TYPE_CHECKING:  # torch is imported lazily: `aiayn --help` should not load it
     import torch
@@ -98,7 +98,7 @@ def add_ctranslate2(container: Container) -> None:
 def add_device_flags(container: Container) -> None:
     """``--device`` (resolve it with :func:`device`), the inference ``--dtype`` and ``--threads``."""
     container.add_argument("--device", default="cpu", help=DEVICE_HELP)
-    container.add_argument("--dtype", default="auto", choices=("auto", *INFERENCE_DTYPES), help=DTYPE_HELP)
+    container.add_argument("--dtype", default="auto", choices=("auto", *INFERENCE_PRECISIONS), help=DTYPE_HELP)
     add_threads(container)
 
 

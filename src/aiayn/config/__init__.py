@@ -17,7 +17,6 @@ from aiayn.config.loading import apply_overrides, config_from_dict, dump_config,
 from aiayn.config.options import DecodeOption, HttpField
 from aiayn.config.sections import (
     DECAY_SCHEDULES,
-    INFERENCE_DTYPES,
     LENPEN_STYLES,
     LR_SCHEDULES,
     MODEL_PRESETS,
@@ -34,7 +33,6 @@ from aiayn.config.sections import (
 
 __all__ = [
     "DECAY_SCHEDULES",
-    "INFERENCE_DTYPES",
     "LENPEN_STYLES",
     "LR_SCHEDULES",
     "MODEL_PRESETS",

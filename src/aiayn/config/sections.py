@@ -498,10 +498,6 @@ class TrainConfig:
 # ------------------------------------------------------------------------ decoding
 
 
-# Inference precisions (`aiayn translate|evaluate|serve|plot|parse --dtype`): fp32 as trained,
-# bf16 (weights cast), fp16 (GPU only), int8 (CPU only: aiayn.inference.quantize).
-INFERENCE_DTYPES = ("fp32", "bf16", "fp16", "int8")
-
 LENPEN_STYLES = ("gnmt", "fairseq")
 
 
@@ -549,6 +545,12 @@ class DecodeConfig:
             "(default: the checkpoint's data.tgt_lang when it was trained with data.tgt_lang_tag)",
         http=HttpField(ge=None, le=None, position=9,
                        description="target language of a multilingual model (its tag >>xx<< starts the source)"))
+
+    def max_output_len(self, source_len: int) -> int:
+        """The most tokens a translation of ``source_len`` source tokens has before EOS is
+        forced: ``int(max_len_a * source_len + max_len_b)``. The one rule of the output bound:
+        the search, the server's limits and both exports apply it through this method."""
+        return int(self.max_len_a * source_len + self.max_len_b)
 
     def validate(self, prefix: str = "decode") -> None:
         _check_finite(self, prefix)

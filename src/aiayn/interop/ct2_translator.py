@@ -147,7 +147,7 @@ class CTranslate2Translator:
         # call, so sentences with the same bound go together.
         by_bound: dict[int, list[int]] = defaultdict(list)
         for i, src in pieces.items():
-            by_bound[int(cfg.max_len_a * len(src) + cfg.max_len_b)].append(i)
+            by_bound[cfg.max_output_len(len(src))].append(i)
         for bound, rows in by_bound.items():
             out = self.translator.translate_batch(
                 [pieces[i] for i in rows], beam_size=cfg.beam, num_hypotheses=cfg.nbest,

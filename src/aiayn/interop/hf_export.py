@@ -188,7 +188,7 @@ def generation_kwargs(cfg: Config, warn: bool = True) -> dict[str, Any]:
                     "fairseq), this model's decode section uses %s; length_penalty=%g is written as is, "
                     "so HF beam search can pick other hypotheses than `aiayn translate` (which matches it "
                     "with --lenpen-style fairseq)", decode.lenpen_style, decode.lenpen)
-    max_length = min(cfg.model.max_positions, int(decode.max_len_a * cfg.data.max_len + decode.max_len_b) + 2)
+    max_length = min(cfg.model.max_positions, decode.max_output_len(cfg.data.max_len) + 2)
     gen: dict[str, Any] = dict(
         num_beams=decode.beam,
         length_penalty=decode.lenpen,

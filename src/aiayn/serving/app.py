@@ -432,7 +432,7 @@ class TranslationService:
             raise APIError(422, "invalid_request", str(exc)) from None
         per_position = cfg.model.n_decoder_layers * cfg.model.n_heads
         longest = self.max_positions or 1 << 30
-        bound = sum(per_position * min(int(decode.max_len_a * n + decode.max_len_b) + 1, longest) * n
+        bound = sum(per_position * min(decode.max_output_len(n) + 1, longest) * n
                     for n in lengths)
         limit = self.settings.max_attention_values
         if bound > limit:
