@@ -3,19 +3,29 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH := torch==2.13.0
-# Where torch comes from: PyPI by default (its Linux wheel for this pin is the CPU build here);
-# e.g. TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU-only wheel anywhere, or
-# https://download.pytorch.org/whl/cu128 for CUDA 12.8.
+# Where torch comes from: by default the index pip is set up with. On PyPI the Linux wheel of
+# torch 2.13.0 is the CUDA build and brings several GB of CUDA packages (nvidia-*); an index of
+# CPU builds gives the CPU build alone (about 0.75 GB installed). TORCH_INDEX chooses:
+# https://download.pytorch.org/whl/cpu for the CPU-only build anywhere, or
+# https://download.pytorch.org/whl/cu128 for CUDA 12.8. Unset where nvidia-smi works, the CUDA
+# build the driver runs is chosen (scripts/torch_index.py), or one line says what to do.
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k multi30k-distill news-finetune wmt14 clean install docs mutation mutation-check
+# Config overrides on make's command line reach the recipes' `aiayn train`, in the order given:
+# `make multi30k train.max_time_minutes=10` runs `bash scripts/multi30k.sh 'train.max_time_minutes=10'`.
+# (make takes `NAME=value` words as its own variables and exports none whose name has a dot.)
+reverse = $(if $(1),$(call reverse,$(wordlist 2,$(words $(1)),$(1))) $(firstword $(1)))
+CONFIG_OVERRIDES = $(foreach o,$(call reverse,$(filter model.% data.% train.% decode.%,$(MAKEOVERRIDES))),'$(o)')
 
-# torch first and pinned: an unpinned torch pulls several GB of CUDA packages.
+.PHONY: demo test test-slow test-compat lint bench bench-gpu multi30k multi30k-distill news-finetune wmt14 clean install docs dist mutation mutation-check
+
+# torch first and pinned, from TORCH_INDEX when given, so that `pip install -e .` keeps it.
 $(BIN)/activate:
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	index="$$(TORCH_INDEX='$(TORCH_INDEX)' $(PY) scripts/torch_index.py --torch $(TORCH))" && \
+	$(PY) -m venv $(VENV) && \
+	$(BIN)/pip install -q --upgrade pip && \
+	$(BIN)/pip install -q $(TORCH) $${index:+--index-url "$$index"}
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q -e .
@@ -38,11 +48,21 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/aiayn demo
 
+# A GPU here that the venv's torch cannot use (a CPU-only build) fails in one line instead of
+# skipping every CUDA test; an explicit TORCH_INDEX is the user's choice and is not checked.
+TORCH_CHECK = $(if $(TORCH_INDEX),,$(BIN)/python scripts/torch_index.py --check)
+
+# pytest's exit code 5 (no test collected, e.g. a PYTEST_ARGS selection that matches none) is
+# said in one line and is not a failure; every other failure is.
+NO_TESTS_OK = || { rc=$$?; [ $$rc -eq 5 ] && echo "pytest: no tests collected (exit 5)" || exit $$rc; }
+
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(TORCH_CHECK)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) $(NO_TESTS_OK)
 
 test-slow: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS)
+	$(TORCH_CHECK)
+	$(BIN)/python -m pytest -q -m slow $(PYTEST_ARGS) $(NO_TESTS_OK)
 
 # The interop, serving and model tests against the lowest versions pyproject.toml claims and
 # against the newest transformers, ctranslate2 and uvicorn, each in a throwaway venv under
@@ -91,29 +111,37 @@ GPU_BENCH_ARGS ?=
 bench-gpu: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/gpu.py $(GPU_BENCH_ARGS)
 
+# The release files: the wheel and the sdist into dist/, their metadata checked (twine).
+# tests/test_release.py installs such a wheel into a fresh environment and runs it.
+dist: $(VENV)/.installed-dev
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist
+	$(BIN)/twine check --strict dist/*
+
 # The site (docs/*.md and the API reference from the docstrings) into site/.
 docs: $(VENV)/.installed-docs
 	$(BIN)/mkdocs build --strict --site-dir site
 
 multi30k: $(VENV)/.installed
-	bash scripts/multi30k.sh
+	bash scripts/multi30k.sh $(CONFIG_OVERRIDES)
 
 # After `make multi30k`: its ensemble translates the training set and one student learns from
-# it (sequence-level distillation); the variables of scripts/multi30k_distill.sh pass through.
+# it (sequence-level distillation); the variables of scripts/multi30k_distill.sh pass through,
+# and config overrides (`make multi30k-distill train.max_steps=3950`) reach the student's training.
 multi30k-distill: $(VENV)/.installed
-	bash scripts/multi30k_distill.sh
+	bash scripts/multi30k_distill.sh $(CONFIG_OVERRIDES)
 
 # After `make multi30k`: that model fine-tuned on WMT news text with an extended vocabulary,
 # beside the base, a news+Multi30k mix and a model trained from scratch, all scored
 # (OUT/summary.json); the variables of scripts/news_finetune.sh (RUN, PREPARED, OUT, EXTEND,
 # STEPS, SCRATCH_STEPS, ...) pass through.
 news-finetune: $(VENV)/.installed
-	bash scripts/news_finetune.sh
+	bash scripts/news_finetune.sh $(CONFIG_OVERRIDES)
 
 # The paper's WMT14 run: `make wmt14` (EN-DE base), `make wmt14 MODEL=big`,
 # `make wmt14 MODEL=big PAIR=en-fr`; the variables of scripts/wmt14.sh pass through.
 wmt14: $(VENV)/.installed
-	bash scripts/wmt14.sh
+	bash scripts/wmt14.sh $(CONFIG_OVERRIDES)
 
 clean:
 	rm -rf $(VENV) build dist site mutants mutants.log src/*.egg-info .pytest_cache

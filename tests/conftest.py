@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import random
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +18,9 @@ import torch
 from aiayn.config import Config, DataConfig, ModelConfig, TrainConfig, model_preset
 
 REPO = Path(__file__).resolve().parents[1]
-# ../shared/data beside the checkout: real corpora, used as an offline download mirror.
-MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR", REPO.parent / "shared" / "data"))
+# The offline data mirror (real corpora): $AIAYN_DATA_MIRROR alone, which .ci/run sets. Unset, a
+# path that exists nowhere and names the variable, so the tests that need data skip saying so.
+MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR") or "/AIAYN_DATA_MIRROR-is-not-set")
 
 pytest_plugins = ["pytester"]
 
@@ -37,12 +41,31 @@ def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str | None
     return reason.removeprefix("Skipped: ")
 
 
+# The cuda tests' skip where torch sees no CUDA device.
+NO_CUDA = PLATFORM + "no CUDA device"
+
+
+@functools.cache
+def _unusable_gpu() -> str | None:
+    """Where nvidia-smi sees a GPU that the installed torch cannot use (a CPU-only build):
+    why and how to fix it, from scripts/torch_index.py; else None."""
+    import torch_index
+
+    return torch_index.unusable_gpu()
+
+
 def _fail_missing_prerequisite(report: pytest.CollectReport | pytest.TestReport) -> None:
     """Locally a missing data mirror, browser or extra skips with its reason; under CI=true
-    it is a failure, so that a green CI means every test ran."""
+    it is a failure, so that a green CI means every test ran. "No CUDA device" is a platform
+    skip only where there is no GPU: a GPU with a torch that cannot use it fails under CI."""
     reason = _skip_reason(report)
-    if reason is None or reason.startswith(PLATFORM) or not _in_ci():
+    if reason is None or not _in_ci():
         return
+    if reason.startswith(PLATFORM):
+        gpu = _unusable_gpu() if reason == NO_CUDA else None
+        if gpu is None:
+            return
+        reason = gpu
     report.outcome = "failed"
     report.longrepr = f"CI=true and a prerequisite is missing (locally this skips): {reason}"
 
@@ -167,3 +190,74 @@ def listed_pairs():
     """``listed_pairs([(src_ids, tgt_ids), ...]) -> ListedPairs`` (a fixture: importable
     helpers do not work under --import-mode=importlib)."""
     return ListedPairs
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``tiny_checkpoints(corpus, **recipe) -> Path``: the checkpoint tests/tiny_world.py's
+    ``tiny_checkpoint`` builds of that recipe, built once per test session in a folder of
+    its own (a test that changes a checkpoint works on a copy)."""
+    from tests.tiny_world import tiny_checkpoint
+
+    built: dict[str, Path] = {}
+
+    def get(*args: object, **recipe: object) -> Path:
+        key = repr((args, sorted(recipe.items())))
+        if key not in built:
+            built[key] = tiny_checkpoint(tmp_path_factory.mktemp("tiny_ckpt"), *args, **recipe)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_checkpoints: Callable[..., Path]) -> Path:
+    """The translator and CLI tests' checkpoint: a tiny random model with an English-German
+    BPE tokenizer (tests/tiny_world.py, ``TRANSLATOR``)."""
+    from tests.tiny_world import TRANSLATOR
+
+    return tiny_checkpoints(**TRANSLATOR)
+
+
+@pytest.fixture(scope="session")
+def second_checkpoint(tiny_checkpoints: Callable[..., Path], tiny_checkpoint: Path) -> Path:
+    """The same model configuration and tokenizer with other random weights."""
+    from tests.tiny_world import TRANSLATOR
+
+    return tiny_checkpoints(decode=TRANSLATOR["decode"], seed=1, step=2, name="ckpt2",
+                            tokenizer=tiny_checkpoint / "tokenizer")
+
+
+@pytest.fixture
+def english() -> list[str]:
+    """Twelve English sentences of the words the tiny checkpoint's tokenizer was trained on."""
+    from tests.tiny_world import WORDS, sentences
+
+    return sentences(12, 5, WORDS, longest=12)
+
+
+@pytest.fixture
+def run_cli(capsysbinary: pytest.CaptureFixture[bytes],
+            monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[int, bytes, str]]:
+    """``run_cli(argv, stdin=None) -> (exit code, stdout bytes, stderr text)``: ``aiayn`` run
+    in this process, ``stdin`` (bytes) given as a non-terminal standard input."""
+    from aiayn.cli.main import main
+
+    def run(argv: list[str], stdin: bytes | None = None) -> tuple[int, bytes, str]:
+        if stdin is not None:
+            class FakeStdin:
+                buffer = io.BytesIO(stdin)
+
+                def isatty(self) -> bool:
+                    return False
+
+            monkeypatch.setattr(sys, "stdin", FakeStdin())
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = int(exc.code or 0)
+        out, err = capsysbinary.readouterr()
+        return code, out, err.decode("utf-8", "replace")
+
+    return run

@@ -5,7 +5,9 @@ user other than root, that its command line is one `aiayn serve` accepts (parsed
 aiayn's own parser), that the health check and the exposed port agree with it, and that
 every version it installs is pinned (docker/constraints.txt). Built, run, and probed on
 /health and /v1/translate in the slow suite where a container runtime (podman or docker)
-works and can pull the base image; otherwise that test skips naming what was missing."""
+works and reaches a registry; otherwise that test skips naming what was missing. A registry
+that answered and refused the pull (an unknown image, a rate limit, a denied access) is a
+failure, not a skip."""
 
 from __future__ import annotations
 
@@ -186,14 +188,31 @@ def _first_error_line(text: str) -> str:
     return (errors or lines or ["no output"])[0]
 
 
+# What a runtime prints when no registry can be reached from this machine (no network, no
+# DNS, a firewall), as opposed to what a registry that answered says (manifest unknown,
+# unauthorized, toomanyrequests, a 5xx status).
+UNREACHABLE = re.compile(
+    r"no such host|name resolution|could not resolve|network is unreachable|no route to host"
+    r"|connection refused|connection reset|i/o timeout|dial tcp|tls handshake timeout"
+    r"|context deadline exceeded|timeout exceeded while awaiting headers", re.IGNORECASE)
+
+
+def no_registry_here(pull_output: str) -> bool:
+    """Whether a failed pull's output says no registry could be reached (a platform skip)
+    rather than that a registry answered and refused (a failure)."""
+    return UNREACHABLE.search(pull_output) is not None
+
+
 def container_runtime() -> tuple[str | None, str]:
-    """(the runtime that can build the image here, "") or (None, the skip reason naming
-    which runtime was missing or why it could not run)."""
+    """(the runtime that can build the image here, "") or (None, the reason naming which
+    runtime was missing or why it could not run). A reason starting ``platform: `` is a
+    feature of the machine (no runtime, no daemon, no registry reachable); any other is a
+    failure (a registry answered and refused the pull)."""
     found = [name for name in RUNTIMES if shutil.which(name)]
     if not found:
         return None, f"platform: no container runtime ({', '.join(RUNTIMES)}) on PATH"
     base = one(instructions(DOCKERFILE.read_text(encoding="utf-8")), "FROM")
-    reasons = []
+    reasons, refused = [], []
     for name in found:
         try:
             info = subprocess.run([name, "info"], capture_output=True, text=True, timeout=60)
@@ -206,9 +225,15 @@ def container_runtime() -> tuple[str | None, str]:
             reasons.append(f"`{' '.join(map(str, exc.cmd))}` did not answer within {exc.timeout:.0f} s")
             continue
         if pull.returncode != 0:
-            reasons.append(f"{name} cannot build here: {_first_error_line(pull.stderr + pull.stdout)}")
+            output = pull.stderr + pull.stdout
+            if no_registry_here(output):
+                reasons.append(f"{name} reaches no registry here: {_first_error_line(output)}")
+            else:
+                refused.append(f"`{name} pull {base}` failed at a registry that answered: {_first_error_line(output)}")
             continue
         return name, ""
+    if refused:
+        return None, "; ".join(refused)
     return None, "platform: " + "; ".join(reasons)
 
 
@@ -222,6 +247,8 @@ def runtime_cmd(runtime: str, *args: str, timeout: float = 120) -> str:
 def image() -> Iterator[tuple[str, str]]:
     runtime, reason = container_runtime()
     if runtime is None:
+        if not reason.startswith("platform: "):
+            pytest.fail(reason)
         pytest.skip(reason)
     tag = f"aiayn-serve-test:{uuid.uuid4().hex[:8]}"
     # podman keeps HEALTHCHECK only in Docker's image format.
@@ -262,3 +289,21 @@ def test_the_image_serves_a_mounted_checkpoint(image: tuple[str, str], tiny_chec
         assert runtime_cmd(runtime, "exec", cid, "id", "-u") != "0"
     finally:
         subprocess.run([runtime, "rm", "-f", cid], capture_output=True, timeout=120)
+
+
+@pytest.mark.parametrize(("output", "unreachable"), [
+    ('Error: initializing source docker://python:3.12-slim: pinging container registry registry-1.docker.io: '
+     'Get "https://registry-1.docker.io/v2/": dial tcp: lookup registry-1.docker.io: no such host', True),
+    ("Error response from daemon: Get \"https://registry-1.docker.io/v2/\": net/http: request canceled while "
+     "waiting for connection (Client.Timeout exceeded while awaiting headers)", True),
+    ('Error: copying system image from manifest list: Get "https://registry-1.docker.io/v2/": dial tcp '
+     "54.236.113.205:443: connect: network is unreachable", True),
+    ("Error response from daemon: manifest for python:3.12-nonexistent not found: manifest unknown", False),
+    ("Error response from daemon: toomanyrequests: You have reached your pull rate limit.", False),
+    ("Error: initializing source docker://private/image:1: reading manifest 1 in docker.io/private/image: "
+     "requested access to the resource is denied", False),
+    ("Error response from daemon: received unexpected HTTP status: 503 Service Unavailable", False),
+])
+def test_a_registry_that_answered_is_told_from_no_registry(output: str, unreachable: bool) -> None:
+    """No registry reachable is a platform skip; a refusal from one that answered fails."""
+    assert no_registry_here(output) is unreachable

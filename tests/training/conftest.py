@@ -40,15 +40,20 @@ def _tiny_models_on_one_thread(one_thread):
 def deterministic():
     """CUDA kernels with a fixed reduction order (index_add_, embedding backward), and the
     attention as plain matmuls and softmax (the fused attention kernels' backward passes
-    accumulate in no fixed order): runs repeat bit for bit."""
+    accumulate in no fixed order): runs repeat bit for bit. An operation without a
+    deterministic kernel raises (warn_only=False) instead of warning and running the
+    nondeterministic one, so that a bit-exact comparison never passes or fails by chance."""
     before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    before_warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=False)
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         math_attention = sdpa_kernel(SDPBackend.MATH)
     except ImportError:  # torch < 2.3
         math_attention = torch.backends.cuda.sdp_kernel(enable_flash=False, enable_mem_efficient=False)
-    with math_attention:
-        yield
-    torch.use_deterministic_algorithms(before)
+    try:
+        with math_attention:
+            yield
+    finally:
+        torch.use_deterministic_algorithms(before, warn_only=before_warn_only)
