@@ -13,6 +13,7 @@ bad file built by :func:`_files` (``{empty}``, ``{badutf8}``, ``{nul}``, ``{huge
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -71,6 +72,38 @@ MATRIX: list[Case] = [
     Case("translate/terms-row", "translate --checkpoint {ck} -i {good} --terms {good}",
          "good.txt:1: expected 'source<TAB>target' (two non-empty fields), got 1 field"),
     Case("translate/negative-threads", "translate --checkpoint {ck} -i {good} --threads -1", "--threads -1"),
+    Case("translate/output-in-checkpoint", "translate --checkpoint {ck} -i {good} -o {ck}/config.yaml",
+         "config.yaml: lies inside the input"),
+    Case("translate/output-hard-link", "translate --checkpoint {ck} -i {good} -o {hard_link}",
+         "--output hard_link.bin: is also the input file"),
+    Case("translate/constraints-nested", "translate --checkpoint {ck} -i {good} --constraints {nested}",
+         "nested.txt:1: JSON nested too deeply"),
+    Case("translate/constraints-long-integer", "translate --checkpoint {ck} -i {good} --constraints {digits}",
+         "digits.txt:1: a number of more than 4300 digits"),
+    Case("translate/constraints-surrogate", "translate --checkpoint {ck} -i {good} --constraints {surrogate}",
+         "surrogate.txt:1: constraints[0]: a lone surrogate (U+D800)"),
+    Case("translate/constraints-missing", "translate --checkpoint {ck} -i {good} --constraints {missing}",
+         "--constraints missing.txt: file not found"),
+    Case("translate/constraints-dir", "translate --checkpoint {ck} -i {good} --constraints {dir}",
+         "--constraints a_dir: is a directory"),
+    Case("translate/constraints-stdin", "translate --checkpoint {ck} -i {good} --constraints -",
+         "--constraints -: standard input is the --input's"),
+    Case("translate/terms-missing", "translate --checkpoint {ck} -i {good} --terms {missing}",
+         "--terms missing.txt: file not found"),
+    Case("translate/terms-dir", "translate --checkpoint {ck} -i {good} --terms {dir}", "--terms a_dir: is a directory"),
+    Case("translate/terms-stdin", "translate --checkpoint {ck} -i {good} --terms -",
+         "--terms -: standard input is the --input's"),
+    Case("translate/constraints-huge-phrase", "translate --checkpoint {ck} -i {good} --constraints {huge_phrase}",
+         "huge_phrase.txt:1: constraints.exclude[0]: a phrase of 399999 characters; at most 1000"),
+    Case("translate/constraints-conflict-sampling",
+         "translate --checkpoint {ck} -i {one} --constraints {conflict} --sampling --max-len-a 0 --max-len-b 2",
+         "one.txt:1: no translation within the length bound meets its constraints"),
+    Case("translate/shortlist-out-of-range", "translate --checkpoint {shortlist_high} -i {good} --shortlist",
+         "shortlist.safetensors: table[5][1] is 5000, not a target id"),
+    Case("translate/shortlist-negative", "translate --checkpoint {shortlist_negative} -i {good} --shortlist",
+         "shortlist.safetensors: frequent[2] is -7, not a target id"),
+    Case("translate/huge-tgt-lang", "translate --checkpoint {ck} -i {good} --tgt-lang {huge_value}",
+         "decode.tgt_lang: a language code"),
     # ---------------------------------------------------------------- evaluate
     Case("evaluate/missing-hyp", "evaluate --hyp {missing} --ref {ref}", "missing.txt: file not found"),
     Case("evaluate/empty-hyp", "evaluate --hyp {empty} --ref {ref}", "ref.txt has 4 lines but empty.txt has 0"),
@@ -78,11 +111,14 @@ MATRIX: list[Case] = [
     Case("evaluate/invalid-utf8", "evaluate --hyp {badutf8} --ref {ref4}", "badutf8.txt:2: invalid UTF-8"),
     Case("evaluate/output-is-ref", "evaluate --checkpoint {ck} --input {good} --ref {ref} --output {ref}",
          "--output ref.txt: is also an input"),
+    Case("evaluate/output-in-checkpoint", "evaluate --checkpoint {ck} --input {good} --ref {ref} --output {ck}/x.txt",
+         "x.txt: lies inside the input"),
     Case("evaluate/output-unwritable", "evaluate --checkpoint {ck} --input {good} --ref {ref} --output /proc/x",
          "--output /proc/x: cannot write there"),
     # ---------------------------------------------------------------- average
     Case("average/out-is-input", "average {ck} {ck2} --out {ck}", "would replace the input"),
     Case("average/out-nonempty", "average {ck} {ck2} --out {nonempty}", "nonempty: directory exists and is not empty"),
+    Case("average/out-in-checkpoint", "average {ck} {ck2} --out {ck}/avg", "avg: lies inside the input"),
     Case("average/missing", "average {ck} {missing} --out {out}", "missing.txt: no such checkpoint or run directory"),
     Case("average/pickled", "average {ck} {pickled} --out {out}", "model.safetensors: checksum mismatch"),
     # ---------------------------------------------------------------- prepare
@@ -100,6 +136,10 @@ MATRIX: list[Case] = [
          "/proc: cannot write there"),
     Case("prepare/out-is-file", "prepare --train-src {good} --train-tgt {ref} --out {good}",
          "--out good.txt: would replace the input good.txt"),
+    Case("prepare/out-in-tokenizer", "prepare --train-src {good} --train-tgt {ref} --tokenizer-dir {ck}/tokenizer "
+         "--out {ck}/tokenizer/data", "data: lies inside the input"),
+    Case("prepare/vocab-size-int32", "prepare --train-src {good} --train-tgt {ref} --out {out} --vocab-size 2147483648",
+         "data.vocab_size: at most 2,147,483,647 (SentencePiece's integers), got 2,147,483,648"),
     # ---------------------------------------------------------------- train
     Case("train/missing-config", "train --config {missing} --run-dir {out}", "missing.txt: config file not found"),
     Case("train/invalid-yaml", "train --config {bad_yaml} --run-dir {out}", "bad.yaml: invalid YAML"),
@@ -113,6 +153,8 @@ MATRIX: list[Case] = [
          "missing.txt: no tokenizer found"),
     Case("train/missing-resume", "train --config {cfg} --run-dir {out} --resume {missing}",
          "missing.txt: no such checkpoint or run directory"),
+    Case("train/run-dir-in-init", "train --config {cfg} --run-dir {ck}/run --init-from {ck}",
+         "run: lies inside the input"),
     Case("train/run-dir-nonempty", "train --config {cfg} --run-dir {nonempty}",
          "nonempty: directory exists and is not empty"),
     # ---------------------------------------------------------------- parse
@@ -122,11 +164,14 @@ MATRIX: list[Case] = [
     Case("parse/translation-checkpoint", "parse --checkpoint {ck} --input {good}", "not a parsing checkpoint"),
     Case("parse/output-is-input", "parse --checkpoint {ck} --input {good} --output {good}",
          "--output good.txt: is also an input"),
+    Case("parse/output-in-checkpoint", "parse --checkpoint {ck} --input {good} --output {ck}/config.yaml",
+         "config.yaml: lies inside the input"),
     Case("parse/invalid-utf8", "parse --checkpoint {ck} --input {badutf8}", "badutf8.txt:2: invalid UTF-8"),
     # ---------------------------------------------------------------- export / import
     Case("export/missing-checkpoint", "export hf {missing} {out}", "missing.txt: no such checkpoint or run directory"),
     Case("export/out-nonempty", "export hf {ck} {nonempty}", "nonempty: directory exists and is not empty"),
     Case("export/out-is-checkpoint", "export hf {ck} {ck} --force", "would replace the input"),
+    Case("export/out-in-checkpoint", "export hf {ck} {ck}/hf", "hf: lies inside the input"),
     Case("import/missing", "import hf {missing} {out}", "missing.txt: no such directory"),
     Case("import/not-marian", "import hf {hf_pickle} {out}", "hf_pickle: Marian tokenizer files missing"),
     Case("import/out-nonempty", "import hf {hf_pickle} {nonempty}", "nonempty: directory exists and is not empty"),
@@ -143,6 +188,8 @@ MATRIX: list[Case] = [
     Case("plot/missing-run", "plot curves {missing}", "missing.txt: no metrics file"),
     Case("plot/out-unwritable", "plot curves {run_with_metrics} --out /proc/x.png",
          "--out /proc/x.png: cannot write there"),
+    Case("plot/attention-out-in-checkpoint", "plot attention --checkpoint {ck} --text a --out {ck}/a.png",
+         "a.png: lies inside the input"),
     Case("plot/attention-missing", "plot attention --checkpoint {missing} --text a",
          "missing.txt: no such checkpoint or run directory"),
     Case("serve/missing-checkpoint", "serve --checkpoint {missing}",
@@ -187,6 +234,24 @@ def _nan_checkpoint(src: Path, dst: Path) -> Path:
     return save_checkpoint(dst, loaded.model, loaded.config, tokenizer=src / "tokenizer", state={"step": 1})
 
 
+def _shortlist_checkpoint(src: Path, dst: Path, at: tuple[int, ...], value: int, which: str) -> Path:
+    """A copy of ``src`` whose tokenizer carries a shortlist with ``value`` at ``which[at]``,
+    its checksum recorded (so that only the shortlist itself is wrong)."""
+    import hashlib
+
+    from aiayn.text.shortlist import SHORTLIST_FILE, Shortlist
+
+    shutil.copytree(src, dst)
+    table = torch.arange(4 * 20 * 2).view(-1, 2) % 20  # 40 source ids, 2 target ids each
+    shortlist = Shortlist(table, torch.arange(10))
+    getattr(shortlist, which)[at] = value
+    data = shortlist.to_bytes()
+    (dst / "tokenizer" / SHORTLIST_FILE).write_bytes(data)
+    with open(dst / "checksums.sha256", "a", encoding="utf-8") as f:
+        f.write(f"{hashlib.sha256(data).hexdigest()}  tokenizer/{SHORTLIST_FILE}\n")
+    return dst
+
+
 def _files(root: Path, ck: Path) -> dict[str, Path]:
     """The matrix's inputs, bad ones and good ones."""
     f: dict[str, Path] = {}
@@ -222,6 +287,17 @@ def _files(root: Path, ck: Path) -> dict[str, Path]:
     f["hf_pickle"].mkdir()
     (f["hf_pickle"] / "config.json").write_text('{"model_type": "marian"}', encoding="utf-8")
     torch.save({"x": torch.zeros(2)}, f["hf_pickle"] / "pytorch_model.bin")
+    f["hard_link"] = root / "hard_link.bin"
+    os.link(ck / "model.safetensors", f["hard_link"])
+    text("nested", ("[" * 100_000 + "]" * 100_000 + "\n" + "[]\n" * 3).encode())
+    text("digits", ("[" + "9" * 5000 + "]\n" + "[]\n" * 3).encode())
+    text("surrogate", b'["\\ud800"]\n' + b"[]\n" * 3)
+    text("huge_phrase", (json.dumps({"exclude": [" ".join(["dog"] * 100_000)]}) + "\n" + "[]\n" * 3).encode())
+    text("one", b"dog\n")
+    # Two tokens before EOS must hold both phrases, and either order is excluded: no output meets them.
+    text("conflict", json.dumps({"include": ["dog", "cat"], "exclude": ["dog cat", "cat dog"]}).encode() + b"\n")
+    f["shortlist_high"] = _shortlist_checkpoint(ck, root / "shortlist_high", (5, 1), 5000, "table")
+    f["shortlist_negative"] = _shortlist_checkpoint(ck, root / "shortlist_negative", (2,), -7, "frequent")
     f["run_with_metrics"] = root / "run_with_metrics"
     f["run_with_metrics"].mkdir()
     (f["run_with_metrics"] / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n',
@@ -248,7 +324,7 @@ def test_bad_input(case: Case, checkpoints: tuple[Path, Path], inputs: tuple[Pat
     root, files = inputs
     monkeypatch.chdir(tmp_path)  # anything written to a relative path lands here
     names = {k: str(v) for k, v in files.items()}
-    names.update(ck=str(checkpoints[0]), ck2=str(checkpoints[1]), out=str(tmp_path / "out"))
+    names.update(ck=str(checkpoints[0]), ck2=str(checkpoints[1]), out=str(tmp_path / "out"), huge_value="x" * 100_000)
     argv = case.args.format(**names).split()
     watched = [root, checkpoints[0].parent]
     before = [snapshot(r) for r in watched]
@@ -262,6 +338,7 @@ def test_bad_input(case: Case, checkpoints: tuple[Path, Path], inputs: tuple[Pat
     # Paths relative to the folders the inputs and outputs live in, as docs/bad-input.md shows them.
     message = errors[0].replace(str(root) + "/", "").replace(str(tmp_path) + "/", "")
     assert case.expect in message, message
+    assert len(message) <= 2100, "an error line of unbounded length"
     if os.environ.get("AIAYN_BAD_INPUT_MESSAGES"):  # docs/bad-input.md's examples come from here
         with open(os.environ["AIAYN_BAD_INPUT_MESSAGES"], "a", encoding="utf-8") as f:
             f.write(f"{case.id}\t{message}\n")

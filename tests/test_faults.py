@@ -399,3 +399,165 @@ def test_a_checkpoint_half_deleted_by_a_kill_is_removed_by_the_next_run(
     assert snapshot(checkpoints / "step_000001") == before
     assert "a checkpoint whose deletion was interrupted" in caplog.text
     assert CheckpointManager(run).remove_half_deleted() == []  # a complete run is left alone
+
+
+# ---------------------------------------------------------------- the compiled-step cache
+# A package in the cache is used only for the weights it was built from, and a damaged one is
+# built again; the eager decoder of the same weights is the reference. No C++ compiler:
+# nothing can be built, which skips as a missing install (and fails under CI=true).
+
+CXX = ("g++", "c++", "clang++")
+PACKAGE_VOCAB = 40
+
+
+def _optimized(seed: int) -> object:
+    import torch
+
+    from aiayn.config import ModelConfig
+    from aiayn.inference.optimize import optimize_for_inference
+    from aiayn.model import build_model
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(src_vocab_size=PACKAGE_VOCAB, tgt_vocab_size=PACKAGE_VOCAB, d_model=32, d_ff=64, n_heads=4,
+                      n_encoder_layers=1, n_decoder_layers=1, max_positions=64)
+    return optimize_for_inference(build_model(cfg).eval())
+
+
+def _beam_tokens(decoder: object) -> list[list[list[int]]]:
+    """Beam 2 over three sources that run to the same length (no step with a lone sentence)."""
+    import torch
+
+    from aiayn.config import DecodeConfig
+    from aiayn.inference.search import search
+
+    src = torch.randint(4, PACKAGE_VOCAB, (3, 7), generator=torch.Generator().manual_seed(2))
+    src[:, -1] = 3
+    cfg = DecodeConfig(beam=2, lenpen=0.6, min_len=5, max_len_a=0.0, max_len_b=5, nbest=2)
+    with torch.inference_mode():
+        return [[h.tokens for h in sent] for sent in search(decoder, src, cfg)]  # type: ignore[arg-type]
+
+
+def _compiled(optimized: object, folder: Path) -> object:
+    from aiayn.inference.compiled import CompiledDecoder
+
+    return CompiledDecoder(optimized, folder=folder)  # type: ignore[arg-type]
+
+
+def _ran(decoder: object) -> None:
+    if getattr(decoder, "compiled", None) is None:
+        if not any(shutil.which(cxx) for cxx in CXX):
+            pytest.skip("no C++ compiler (g++, c++ or clang++) for inductor: nothing can be compiled")
+        pytest.fail("compiled decoding fell back to the eager step")
+
+
+@pytest.fixture(scope="module")
+def built_package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[list[int]]]]:
+    """The package of the weights of seed 0 (built once), and that model's eager outputs."""
+    from aiayn.inference.adapters import IncrementalDecoder
+
+    optimized = _optimized(0)
+    compiled = _compiled(optimized, tmp_path_factory.mktemp("packages"))
+    want = _beam_tokens(IncrementalDecoder(optimized))  # type: ignore[arg-type]
+    assert _beam_tokens(compiled) == want
+    _ran(compiled)
+    (path,) = compiled.packages.built  # type: ignore[attr-defined]
+    return path, want
+
+
+@pytest.mark.timeout(600)
+def test_a_package_of_other_weights_under_this_name_is_built_again(built_package, tmp_path: Path) -> None:
+    import torch
+
+    from aiayn.inference.adapters import IncrementalDecoder
+    from aiayn.inference.step_packages import record_path
+
+    other_path, other_outputs = built_package
+    optimized = _optimized(1)  # the same shapes, other values
+    want = _beam_tokens(IncrementalDecoder(optimized))  # type: ignore[arg-type]
+    assert want != other_outputs  # else the test could not tell the packages apart
+    compiled = _compiled(optimized, tmp_path)
+    path = compiled.packages.path(2, torch.device("cpu"))  # type: ignore[attr-defined]
+    shutil.copyfile(other_path, path)  # the other model's package and record under this model's name
+    shutil.copyfile(record_path(other_path), record_path(path))
+    assert _beam_tokens(compiled) == want
+    _ran(compiled)
+    assert compiled.packages.built == [path] and compiled.packages.loaded == []  # type: ignore[attr-defined]
+
+
+@pytest.mark.timeout(600)
+def test_a_damaged_package_is_built_again_once(built_package, tmp_path: Path) -> None:
+    from aiayn.inference.step_packages import record_path
+
+    source, want = built_package
+    path = tmp_path / source.name
+    shutil.copyfile(record_path(source), record_path(path))
+    path.write_bytes(source.read_bytes()[: source.stat().st_size // 2])  # truncated
+    first = _compiled(_optimized(0), tmp_path)
+    assert _beam_tokens(first) == want
+    _ran(first)
+    assert first.packages.built == [path]  # type: ignore[attr-defined]
+    again = _compiled(_optimized(0), tmp_path)  # the next run loads what the last one rebuilt
+    assert _beam_tokens(again) == want
+    assert again.packages.loaded == [path] and again.packages.built == []  # type: ignore[attr-defined]
+
+
+def test_a_package_is_used_only_as_its_record_vouches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Without building anything: what is loaded, what is built again, and the one warning."""
+    import contextlib
+    import hashlib
+    import json
+
+    import torch
+
+    from aiayn.inference import step_packages
+    from aiayn.inference.step_packages import StepPackages, record_path
+
+    packages = StepPackages(lambda *args: args[0], [], lambda device: contextlib.nullcontext(), tag="t",
+                            folder=tmp_path)
+    cpu = torch.device("cpu")
+    path, key = packages.path(2, cpu), json.loads(packages._key(2, cpu))
+    builds: list[Path] = []
+    loads: list[bytes] = []
+
+    def build(self: StepPackages, args: tuple, per_source: int, at: Path, key: str) -> None:
+        builds.append(at)
+        at.write_bytes(b"built")
+        record_path(at).write_text(json.dumps({"key": json.loads(key), "sha256": hashlib.sha256(b"built")
+                                               .hexdigest()}), encoding="utf-8")
+
+    def load(at: Path) -> object:
+        loads.append(at.read_bytes())
+        if at.read_bytes() == b"unloadable":
+            raise RuntimeError("PytorchStreamReader failed reading zip archive")
+        return lambda *args: args[0]
+
+    monkeypatch.setattr(StepPackages, "_build", build)
+    monkeypatch.setattr(step_packages, "_load", load)
+
+    def call(package: bytes, record: dict | None) -> list[Path]:
+        builds.clear()
+        loads.clear()
+        caplog.clear()
+        path.write_bytes(package)
+        record_path(path).unlink(missing_ok=True)
+        if record is not None:
+            record_path(path).write_text(json.dumps(record), encoding="utf-8")
+        fresh = StepPackages(packages.step, [], packages.precision, tag="t", folder=tmp_path)
+        fresh._runner((torch.zeros(2, dtype=torch.long),), 2)
+        return list(builds)
+
+    def sha(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()
+
+    assert call(b"good", {"key": key, "sha256": sha(b"good")}) == [] and loads == [b"good"]
+    for package, record, why in [
+        (b"good", None, "no record of what it was built for"),
+        (b"good", {"key": {**key, "weights": "0" * 64}, "sha256": sha(b"good")}, "built for other weights"),
+        (b"goo", {"key": key, "sha256": sha(b"good")}, "its bytes are not those recorded"),
+        (b"unloadable", {"key": key, "sha256": sha(b"unloadable")}, "it does not load (RuntimeError"),
+    ]:
+        assert call(package, record) == [path], why
+        assert loads[-1] == b"built"  # what is run is what was built, never the refused package
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and why in warnings[0], warnings

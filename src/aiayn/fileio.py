@@ -26,7 +26,9 @@ release): a second writer of the same output is refused with one line naming the
 pid and command. :func:`atomic_dir` takes the lock itself, and once it holds it removes the
 temporaries (``PREFIX*``) that a killed writer of the same output left behind. An output
 directory may never hold what an input refers to (:func:`input_referents`: symlinks
-resolved, a run directory's ``checkpoints/last`` and the checkpoint it names).
+resolved, a run directory's ``checkpoints/last`` and the checkpoint it names), and no output
+is, holds or lies inside an input (:func:`check_not_input`, the one rule every command's
+outputs follow).
 
 **Reading.** :func:`iter_text_lines` reads a plain or gzip-compressed (``.gz`` suffix or
 the gzip magic bytes) UTF-8 text file line by line: lines end at ``\\n`` only (so a stray
@@ -47,6 +49,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -408,11 +411,13 @@ def write_all_atomic(contents: Mapping[Path, str | bytes], durable: bool = True)
 def check_empty_dir(path: str | os.PathLike, force: bool = False,
                     error: type[AiaynError] = AiaynError, *, inputs: Sequence[str | os.PathLike] = (),
                     own: Callable[[Path], bool] | None = None, flag: str = "--out",
-                    hint: str = "use --force to replace it") -> Path:
+                    hint: str = "use --force to replace it",
+                    folders: Sequence[str | os.PathLike | None] = ()) -> Path:
     """``path`` as a Path, if it may be (re)written as an output directory. The one rule of
     every command that writes a directory:
 
-    - it must not be, or contain, one of ``inputs`` (even with ``force``);
+    - it must not be, contain or lie inside one of ``inputs``, nor be or contain one of
+      ``folders`` (inputs read in part, :func:`check_not_input`), even with ``force``;
     - it must be absent, empty, ``force`` given, or ``own(path)``: a directory this command
       wrote itself and continues (a run directory it resumes, prepared data it rebuilds);
     - its parent must accept a new directory (probed, so the check fails before any work).
@@ -420,8 +425,8 @@ def check_empty_dir(path: str | os.PathLike, force: bool = False,
     Anything else raises ``error`` with one line naming it (and ``hint``: what to do).
     """
     path = Path(path)
-    if inputs:
-        check_not_inside(path, inputs, flag)
+    if inputs or folders:
+        check_not_inside(path, inputs, flag, folders)
     if path.exists() and not path.is_dir():
         raise error(f"{path}: exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not force and not (own is not None and own(path)):
@@ -451,14 +456,12 @@ def _probe_dir(path: Path, error: type[AiaynError]) -> None:
 def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLike | None] = (),
                       flag: str = "--output") -> Path:
     """``path`` as a Path, if a file may be written there: not a directory, not one of
-    ``inputs`` (the same file under any name), and its folder accepts a new file (probed by
-    creating and removing a temporary, so the check fails before any work is done)."""
+    ``inputs`` nor inside one (:func:`check_not_input`), and its folder accepts a new file
+    (probed by creating and removing a temporary, so the check fails before any work is done)."""
     path = Path(path)
     if path.is_dir():
         raise AiaynError(f"{flag} {path}: is a directory")
-    for inp in inputs:
-        if inp is not None and path.exists() and Path(inp).exists() and os.path.samefile(path, inp):
-            raise AiaynError(f"{flag} {path}: is also an input ({inp}); write to another file")
+    check_not_input(path, inputs, flag)
     if not path.parent.is_dir():
         raise AiaynError(f"{flag} {path}: directory {path.parent} does not exist")
     probe = path.parent / f"{temp_prefix(path)}probe-{secrets.token_hex(4)}"
@@ -473,18 +476,91 @@ def check_output_file(path: str | os.PathLike, inputs: Sequence[str | os.PathLik
     return path
 
 
-def check_not_inside(out: str | os.PathLike, inputs: Sequence[str | os.PathLike],
-                     flag: str = "--out") -> Path:
-    """``out`` as a Path, if replacing that directory cannot destroy an input: nothing an
-    input refers to (:func:`input_referents`) is ``out`` itself or lies inside it."""
+# Files looked at, per input directory, for a hard link of an existing output.
+_LINK_SCAN_LIMIT = 10_000
+
+
+def check_not_input(out: str | os.PathLike, inputs: Sequence[str | os.PathLike | None],
+                    flag: str = "--output", directory: bool = False,
+                    folders: Sequence[str | os.PathLike | None] = ()) -> Path:
+    """``out`` as a Path, if writing it cannot destroy an input: the one rule of every
+    command's outputs, files and (``directory``) directories alike. Refused, in one line
+    naming both, when ``out`` is an input (any name of the same file: symlinks resolved, hard
+    links compared by device and inode), holds one (a directory replaced with an input
+    inside it), or lies inside an input directory (a file written into a checkpoint
+    directory). An input is everything :func:`input_referents` finds: a pointer and the
+    checkpoint it names count. A run directory (one that holds ``last``/``best`` pointers) is
+    read only through them: an output may lie inside it, beside its checkpoints, not in the
+    checkpoint it points to; so is each of ``folders``, inputs of which a command reads only
+    some files (a data mirror): an output may lie inside one, not be or hold it. ``None``
+    and ``-`` (standard input) are skipped."""
     out = Path(out)
     target = out.resolve()
-    for inp in inputs:
-        for resolved in input_referents(inp):
-            if resolved == target or target in resolved.parents:
-                what = "" if resolved == Path(inp).resolve() else f" (through {resolved})"
-                raise AiaynError(f"{flag} {out}: would replace the input {inp}{what}; write to another directory")
+    try:
+        st = os.stat(out)
+    except OSError:
+        st = None
+    link = (st.st_dev, st.st_ino) if st is not None and not stat.S_ISDIR(st.st_mode) else None
+    instead = "write to another directory" if directory else "write to another file"
+    partly_read = [f for f in folders if f is not None]
+    for inp in [*inputs, *partly_read]:
+        if inp is None or str(inp) == "-":
+            continue
+        given = Path(inp).resolve()
+        referents = input_referents(inp)
+        for resolved in referents:  # the output is, or holds, an input
+            through = "" if resolved == given else f" (through {resolved})"
+            same = resolved == target or _same_file(link, resolved)
+            if (same and directory) or target in resolved.parents:
+                raise AiaynError(f"{flag} {out}: would replace the input {inp}{through}; {instead}")
+            if same:
+                raise AiaynError(f"{flag} {out}: is also an input ({inp}{through}); {instead}")
+        for resolved in referents:  # the output lies inside an input directory
+            through = "" if resolved == given else f" (through {resolved})"
+            container = resolved == given and (inp in partly_read or _holds_pointers(given))
+            if resolved in target.parents and resolved.is_dir() and not container:
+                raise AiaynError(f"{flag} {out}: lies inside the input {inp}{through}; write outside it")
+            if link is not None and st is not None and st.st_nlink > 1 and resolved.is_dir():
+                inside = _linked_inside(resolved, link)
+                if inside is not None:
+                    raise AiaynError(f"{flag} {out}: is also the input file {inside} (a hard link); {instead}")
     return out
+
+
+def _holds_pointers(directory: Path) -> bool:
+    """A run directory or its ``checkpoints/``: pointers name what is read in it."""
+    return any((d / name).is_file() for d in (directory, directory / CHECKPOINTS_SUBDIR) for name in POINTER_FILES)
+
+
+def _same_file(link: tuple[int, int] | None, path: Path) -> bool:
+    if link is None:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == link
+
+
+def _linked_inside(directory: Path, link: tuple[int, int]) -> Path | None:
+    """The file under ``directory`` that is the file ``link`` (device, inode), if one of the
+    first :data:`_LINK_SCAN_LIMIT` is."""
+    seen = 0
+    for root, _dirs, names in os.walk(directory):
+        for name in names:
+            seen += 1
+            if seen > _LINK_SCAN_LIMIT:
+                return None
+            if _same_file(link, Path(root) / name):
+                return Path(root) / name
+    return None
+
+
+def check_not_inside(out: str | os.PathLike, inputs: Sequence[str | os.PathLike],
+                     flag: str = "--out", folders: Sequence[str | os.PathLike | None] = ()) -> Path:
+    """``out`` as a Path, if replacing that directory cannot destroy an input
+    (:func:`check_not_input`, the rule of every output)."""
+    return check_not_input(out, inputs, flag, directory=True, folders=folders)
 
 
 def make_temp_dir(final: str | os.PathLike, prefix: str | None = None) -> Path:

@@ -83,7 +83,8 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.width < 0:
         raise AiaynError("--width: must not be negative")
     if args.output:  # checked before the translation, so a bad path costs nothing
-        fileio.check_output_file(args.output, [args.input, args.hyp, *(args.ref or [])], "--output")
+        fileio.check_output_file(args.output, [args.input, args.hyp, *(args.ref or []), *(args.checkpoint or [])],
+                                 "--output")
 
 
 def _dataset_text(args: argparse.Namespace, src: str, tgt: str) -> tuple[list[str], list[str], str]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
+import typing
 
 import aiayn
 from aiayn import fileio
@@ -23,8 +25,34 @@ SUBCOMMANDS = (
 )
 
 
+# An error line echoes what the user gave, capped: a value (a run of non-space characters)
+# at MAX_ECHO characters, the whole message at MAX_MESSAGE.
+MAX_ECHO = 300
+MAX_MESSAGE = 2000
+
+
+def capped(message: str) -> str:
+    """``message`` with every value longer than :data:`MAX_ECHO` cut (its length said), and
+    the whole cut in the middle beyond :data:`MAX_MESSAGE`."""
+    def cut(m: re.Match[str]) -> str:
+        return f"{m.group(0)[:MAX_ECHO // 2]}...[{len(m.group(0)):,} characters]"
+
+    message = re.sub(rf"\S{{{MAX_ECHO + 1},}}", cut, message)
+    if len(message) > MAX_MESSAGE:
+        head, tail = message[:MAX_MESSAGE // 2], message[-MAX_MESSAGE // 4:]
+        message = f"{head} ...[{len(message) - len(head) - len(tail):,} characters]... {tail}"
+    return message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (and its subcommands'), its usage errors capped like every other."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        super().error(capped(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="aiayn", description="The Transformer of 'Attention Is All You Need' for translation.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"aiayn {aiayn.__version__}")
@@ -53,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
             args.threads = set_threads(args.threads)
         code = args.func(args)
     except AiaynError as exc:
-        print(f"aiayn {args.command}: error: {exc}", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {capped(str(exc))}", file=sys.stderr)
         sys.exit(exc.exit_code)
     except Exception as exc:
         if fileio.disk_errno(exc) is None:
@@ -61,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         name = getattr(exc, "filename", None) or "a file"
         failure = fileio.environment_failure(
             exc, name, "outputs are renamed into place only once complete: the previous ones are unchanged")
-        print(f"aiayn {args.command}: error: {failure}", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {capped(str(failure))}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print(f"aiayn {args.command}: interrupted", file=sys.stderr)

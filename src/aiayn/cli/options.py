@@ -109,11 +109,11 @@ def add_compile(container: Container, auto: str) -> None:
     """``--compile [auto|on|off]``: decoding steps compiled ahead of time
     (aiayn.inference.compiled); ``--compile`` alone is ``on``. ``auto``: what auto does here."""
     container.add_argument("--compile", nargs="?", const="on", default="auto", choices=COMPILE_CHOICES,
-                           help="compile the decoding step ahead of time (torch.export + AOTInductor; CPU only: a GPU "
-                                "decodes eagerly): tens of seconds of compiling first, faster steps after; the "
-                                "compiled step is kept in the compile cache ($AIAYN_CACHE_DIR/inductor), so a "
-                                "later run of the same model loads "
-                                f"it in seconds; on (--compile alone), off, or auto (default): {auto}")
+                           help="compile the decoding step (on a CPU ahead of time: torch.export + AOTInductor, "
+                                "tens of seconds of compiling first, faster steps after, the compiled step kept in "
+                                "the compile cache ($AIAYN_CACHE_DIR/inductor) so that a later run of the same model "
+                                "loads it in seconds; on a GPU: CUDA graphs, one per batch bucket and beam, recorded "
+                                f"when first needed); on (--compile alone), off, or auto (default): {auto}")
 
 
 def add_threads(container: Container) -> None:

@@ -71,8 +71,7 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.gold and not args.input:
         raise AiaynError("--gold goes with --input; a --prepared split brings its own gold trees")
     if args.output:
-        inputs = [args.input if args.input != "-" else None, args.gold, args.prepared and
-                  str(Path(args.prepared) / f"{args.split}.gold.txt")]
+        inputs = [args.input, args.gold, args.prepared, *args.checkpoint]
         fileio.check_output_file(args.output, inputs, "--output")
 
 

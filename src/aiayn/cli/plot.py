@@ -6,6 +6,7 @@ import argparse
 import re
 from pathlib import Path
 
+from aiayn import fileio
 from aiayn.cli import options
 from aiayn.errors import AiaynError
 
@@ -55,6 +56,8 @@ def run_curves(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else (first if first.is_dir() else first.parent) / "curves.png"
     if out.suffix.lower() != ".png":
         raise AiaynError(f"--out {out}: the output is a PNG file; use a .png name")
+    # What is read is each run's metrics file: the default --out lies in the first run's directory.
+    fileio.check_not_input(out, [Path(r) / METRICS_FILE if Path(r).is_dir() else r for r in args.runs], "--out")
     plot_curves(args.runs, out, size=args.size, title=args.title)
     print(f"wrote {out} (from {', '.join(str(Path(r) / METRICS_FILE if Path(r).is_dir() else r) for r in args.runs)})")
     return 0
@@ -69,6 +72,7 @@ def run_attention(args: argparse.Namespace) -> int:
         raise AiaynError(f"--out {out}: the output is a PNG file; use a .png name")
     if not args.text.strip():
         raise AiaynError("--text: empty sentence")
+    fileio.check_not_input(out, [args.checkpoint], "--out")  # --layer 0's files are beside it
     device = options.device(args)
     dtype = options.dtype(args, device)
     translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype)

@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(dump_config(cfg), end="")
         return 0
 
+    # What the run reads besides its own directory (which a resumed run reads and writes).
+    fileio.check_not_input(run_dir, [cfg.data.prepared_dir, cfg.train.init_from], "--run-dir", directory=True)
     summary = _train(cfg, run_dir, args)
     if int(os.environ.get("RANK", "0")) == 0:
         best = summary.get("best") or {}

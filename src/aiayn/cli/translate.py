@@ -103,7 +103,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "by default such a line is an error")
     p.add_argument("--chunk-size", "--buffer-size", dest="chunk_size", type=int, default=DEFAULT_CHUNK_SIZE,
                    metavar="N", help=f"lines read, translated and written at a time (default {DEFAULT_CHUNK_SIZE}; "
-                                     "--buffer-size is its former name)")
+                                     "--buffer-size is another name for it)")
     p.add_argument("--resume", action="store_true",
                    help="continue the OUTPUT.partial an interrupted run of the same command left")
     options.add_on_invalid_utf8(p)
@@ -262,8 +262,8 @@ class _Job:
         self.identity: dict[str, Any] | None = None
         if not self.stream:
             self._scan()
-        translate_constraints.check_files(args.constraints, args.terms, _utf8_mode(args.on_invalid_utf8),
-                                          self.total, args.input)
+        self.terms = translate_constraints.check_files(args.constraints, args.terms, _utf8_mode(args.on_invalid_utf8),
+                                                       self.total, args.input)
         self.compiling = args.compile == "auto" and self.translator.compile_pays(self.total)
 
     def start(self) -> None:
@@ -292,7 +292,8 @@ class _Job:
             if prefix_scan.lines != scan.lines:
                 raise DataError(f"--prefix-file {args.prefix_file}: {prefix_scan.lines} lines, but {args.input} "
                                 f"has {scan.lines}; give one prefix per input line (an empty line for none)")
-        if args.prefix_file is None or prefix_scan is not None:
+        streams = [p for p in (args.constraints, args.terms) if p is not None and _is_stream(p)]
+        if (args.prefix_file is None or prefix_scan is not None) and not streams:
             self.identity = self._identity(scan, prefix_scan)
 
     def _identity(self, scan: translate_io.TextScan, prefix: translate_io.TextScan | None) -> dict[str, Any]:
@@ -315,8 +316,8 @@ class _Job:
         if self.output is None:
             return _Stdout()
         if self.args.resume and self.identity is None:
-            raise AiaynError("--resume: needs a regular --input file (and --prefix-file): a stream cannot be "
-                             "read again from where the run stopped")
+            raise AiaynError("--resume: needs a regular --input file (and --prefix-file, --constraints, --terms): "
+                             "a stream cannot be read again from where the run stopped")
         out = translate_io.PartialOutput(self.output, self.identity, resume=self.args.resume)
         if not self.args.quiet and out.lines:
             print(f"resuming {out.partial}: {out.lines} of {self.total} lines done", file=sys.stderr)
@@ -371,7 +372,7 @@ class _Job:
         args = self.args
         skip = out.lines
         prefixes = _Prefixes(args.prefix_file, args.on_invalid_utf8, skip)
-        terms = translate_constraints.LineConstraints(args.constraints, args.terms, args.on_invalid_utf8, skip)
+        terms = translate_constraints.LineConstraints(args.constraints, self.terms, args.on_invalid_utf8, skip)
         n = skip
         with tqdm(total=self.total, initial=skip, unit="line", file=sys.stderr, disable=args.quiet,
                   desc="translate", dynamic_ncols=True) as bar:
@@ -390,11 +391,14 @@ def _check_output(args: argparse.Namespace) -> Path | None:
         raise AiaynError(f"--chunk-size: must be at least 1, got {args.chunk_size}")
     if args.resume and args.output == "-":
         raise AiaynError("--resume: needs an --output file (it continues OUTPUT.partial)")
+    translate_constraints.check_paths(args.constraints, args.terms)
     if args.output == "-":
         return None
-    inputs = [p for p in (args.input, args.prefix_file, args.constraints, args.terms) if p not in (None, "-")]
+    inputs = [args.input, args.prefix_file, args.constraints, args.terms, *args.checkpoint]
     path = fileio.check_output_file(args.output, inputs, "--output")
-    fileio.check_output_file(path.with_name(path.name + translate_io.PARTIAL_SUFFIX), inputs, "--output")
+    partial = path.with_name(path.name + translate_io.PARTIAL_SUFFIX)
+    for written in (partial, partial.with_name(partial.name + translate_io.STATE_SUFFIX)):
+        fileio.check_output_file(written, inputs, "--output")
     return path
 
 
@@ -408,8 +412,14 @@ def run(args: argparse.Namespace) -> int:
         out.finish()
     except BaseException as exc:
         kept = out.abort()
-        note = (f"{out.partial} keeps the first {out.lines} lines; the same command with --resume continues it"
+        note = (f"{out.partial} keeps the first {out.lines} lines"
                 if kept and isinstance(out, translate_io.PartialOutput) else "")
+        if isinstance(exc, AiaynError) and not isinstance(exc, EnvironmentFailure):
+            # The input caused it: --resume would meet it again, so it is not advised.
+            if note:
+                exc.args = (f"{exc}; {note}",)
+            raise
+        note += "; the same command with --resume continues it" if note else ""
         if isinstance(out, translate_io.PartialOutput):  # a full disk: one line, with what was kept
             failure = fileio.environment_failure(exc, out.partial, f"{out.path} is unchanged")
             if failure is not None:

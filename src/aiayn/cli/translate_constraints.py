@@ -37,25 +37,45 @@ def add_flags(p: Any) -> None:
                    help="translate a line whose constraints cannot be met without them (a warning names it)")
 
 
+def check_paths(constraints: str | None, terms: str | None) -> None:
+    """Before any work: each of --constraints and --terms, when given, is a file or a pipe
+    (read as it comes); standard input (``-``) is the --input's, a directory or a missing
+    file is an error naming it."""
+    for flag, path in (("--constraints", constraints), ("--terms", terms)):
+        if path is None:
+            continue
+        if path == "-":
+            raise DataError(f"{flag} -: standard input is the --input's; give a file (or a pipe, e.g. <(command))")
+        if not os.path.exists(path):
+            raise DataError(f"{flag} {path}: file not found")
+        if os.path.isdir(path):
+            raise DataError(f"{flag} {path}: is a directory, expected a text file")
+
+
 def file_sha256(path: str | None) -> str | None:
     """The SHA-256 of a file's bytes (None: no file), for --resume to compare."""
     if path is None:
         return None
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 16), b""):
-            digest.update(block)
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 16), b""):
+                digest.update(block)
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return digest.hexdigest()
 
 
 class LineConstraints:
     """The constraints of the input lines, taken chunk by chunk: the --constraints file's
-    lines (one per input line) merged with the --terms found in each line."""
+    lines (one per input line; a pipe is read as the input is) merged with the ``terms``
+    (the --terms dictionary, read once by :func:`check_files`) found in each line."""
 
-    def __init__(self, constraints: str | None, terms: str | None, on_invalid_utf8: str, skip: int) -> None:
+    def __init__(self, constraints: str | None, terms: TermDictionary | None, on_invalid_utf8: str,
+                 skip: int) -> None:
         self.path = constraints
         self.used = skip
-        self.terms = TermDictionary.load(terms, on_invalid_utf8) if terms is not None else None
+        self.terms = terms
         self._lines: Iterator[str] | None = None
         if constraints is not None:
             lines = (line or "" for line in fileio.iter_text_lines(constraints, on_invalid_utf8, strip="both"))
@@ -88,16 +108,17 @@ class LineConstraints:
 
 
 def check_files(constraints: str | None, terms: str | None, on_invalid_utf8: str, input_lines: int | None,
-                input_name: str) -> None:
-    """Read the term dictionary and a regular --constraints file through once before any
-    work: a bad line, or a line count other than the input's, is an error naming it."""
-    if terms is not None:
-        TermDictionary.load(terms, on_invalid_utf8)
+                input_name: str) -> TermDictionary | None:
+    """Read the term dictionary (once: a file or a pipe alike) and a regular --constraints
+    file through before any work: a bad line, or a line count other than the input's, is an
+    error naming it. The term dictionary, if any."""
+    dictionary = TermDictionary.load(terms, on_invalid_utf8) if terms is not None else None
     if constraints is None or constraints == "-" or not os.path.isfile(constraints):
-        return
+        return dictionary
     n = 0
     for n, line in enumerate(fileio.iter_text_lines(constraints, on_invalid_utf8, strip="both"), 1):
         parse_constraints_line(line or "", f"{constraints}:{n}")
     if input_lines is not None and n != input_lines:
         raise DataError(f"--constraints {constraints}: {n} lines, but {input_name} has {input_lines}; give one "
                         "line per input line (an empty line for none)")
+    return dictionary

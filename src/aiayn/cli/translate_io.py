@@ -295,5 +295,5 @@ class PartialOutput:
         return keep
 
 
-__all__ = ["PARTIAL_SUFFIX", "PartialOutput", "TextScan", "checkpoint_identity", "chunked", "scan_text_file",
-           "stream_chunks", "text_lines"]
+__all__ = ["PARTIAL_SUFFIX", "STATE_SUFFIX", "PartialOutput", "TextScan", "checkpoint_identity", "chunked",
+           "scan_text_file", "stream_chunks", "text_lines"]

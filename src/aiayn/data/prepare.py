@@ -298,9 +298,11 @@ def prepare_data(cfg: DataConfig, out_dir: str | os.PathLike, progress: bool = T
     """
     t0 = time.perf_counter()
     cfg.validate()
+    _check_sentencepiece_sizes(cfg)
     if workers < 1:
         raise ConfigError(f"workers must be at least 1, got {workers}")
-    out = check_empty_dir(out_dir, force, DataError, inputs=_input_paths(cfg, extra_files), own=is_prepared_dir)
+    out = check_empty_dir(out_dir, force, DataError, inputs=_input_paths(cfg, extra_files), own=is_prepared_dir,
+                          folders=[cfg.data_dir, cfg.download_dir])
     sources = resolve_sources(cfg, progress)
     old = _old_summary(out)
     work = partial_dir(out)
@@ -362,9 +364,22 @@ def is_prepared_dir(out: Path) -> bool:
     return (out / SUMMARY).is_file()
 
 
+# SentencePiece keeps its sizes as 32-bit signed integers.
+SPM_INT_MAX = 2**31 - 1
+
+
+def _check_sentencepiece_sizes(cfg: DataConfig) -> None:
+    """The sizes SentencePiece takes, within its integers: an error naming the field, not its parser's."""
+    for name in ("vocab_size", "tgt_vocab_size", "extend_vocab", "spm_input_sentence_size"):
+        value = getattr(cfg, name, None)
+        if value is not None and abs(value) > SPM_INT_MAX:
+            raise ConfigError(f"data.{name}: at most {SPM_INT_MAX:,} (SentencePiece's integers), got {value:,}")
+
+
 def _input_paths(cfg: DataConfig, extra_files: dict[str, Path] | None) -> list[str | Path]:
-    """Files and folders ``prepare`` reads: the output directory must not be or hold one."""
-    names = ("data_dir", "download_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt",
+    """Files and folders ``prepare`` reads whole: the output directory must not be, hold or lie inside one
+    (the data and download folders, read in part, may hold it)."""
+    names = ("tokenizer_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "test_src", "test_tgt",
              "train_tsv", "valid_tsv", "test_tsv")
     paths: list[str | Path] = [v for v in (getattr(cfg, n) for n in names) if v]
     return paths + list((extra_files or {}).values())

@@ -144,7 +144,8 @@ def max_output_lengths(src_len: Tensor, cfg: DecodeConfig, model_max_steps: int 
                        prefix_len: Tensor | None = None) -> Tensor:
     """Per sentence, the most output tokens before EOS is forced: a*|x| + b, at least the
     forced prefix, and at most what the model's positions allow (one step stays for EOS)."""
-    max_len = (src_len.double() * cfg.max_len_a + cfg.max_len_b).long()
+    max_len = torch.tensor([cfg.max_output_len(n) for n in src_len.tolist()], dtype=torch.long,
+                           device=src_len.device)
     if prefix_len is not None:
         max_len = torch.maximum(max_len, prefix_len)
     if model_max_steps is not None:
@@ -724,6 +725,13 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
     scores = torch.zeros(run.rows.prev.numel(), device=src.device)  # (R,) summed log-probabilities
     for t in range(run.total_steps):
         lprobs = run.log_probs(t)
+        dead = lprobs.amax(dim=-1) == NEG_INF  # every token masked (constraints no output meets): no hypothesis
+        if bool(dead.any()):
+            alive = (~dead).nonzero(as_tuple=True)[0]
+            if alive.numel() == 0:
+                break
+            run.reorder(alive)
+            scores, lprobs = scores[alive], lprobs[alive]
         tok = lprobs.argmax(dim=-1) if greedy else _draw(lprobs, cfg, generator)
         scores = scores + lprobs.gather(1, tok[:, None])[:, 0]
         ended = tok == eos

@@ -14,6 +14,12 @@ source (the step reshapes by it), the torch version, the device kind and the CPU
 instruction sets. Packages live under ``aoti/`` in the compile cache folder
 (:func:`aiayn.runtime.compile_cache_dir`) and are written under a temporary name, then renamed.
 
+A package is verified before it is used: beside it, ``NAME.json`` records the weights'
+fingerprint and key it was built for and the SHA-256 of the package's bytes. A package
+whose record is missing, names other weights, or whose bytes differ (another model's package
+under this name, a damaged or truncated file), or one that does not load, is built again (once
+per process; if that fails too, the caller decodes eagerly with one warning).
+
 int8: oneDNN's packed weight is an opaque tensor that ``torch.export`` cannot trace. The
 exported copy's int8 layers compute with ``torch._int_mm`` over the same int8 weights
 (:meth:`~aiayn.inference.quantize.Int8Linear.with_int_mm`), the same integer products.
@@ -47,7 +53,7 @@ from aiayn.runtime import compile_cache_dir, cpu_flags, use_compile_cache
 log = logging.getLogger(__name__)
 
 Step = Callable[..., Tensor]
-FORMAT = 2  # bumped when the step's signature or the key's contents change
+FORMAT = 3  # bumped when the step's signature, the key's contents or the record's change
 # The devices packages are built for. On CUDA, loading a package of this step crashed the
 # process (a segmentation fault, with torch's loader and its public function alike: no
 # fallback can catch that; docs/gpu.md), so a call there is refused before anything is built,
@@ -133,15 +139,17 @@ class StepPackages:
             runner = self.runners[per_source] = self._runner(args, per_source)
         return runner(*args)
 
-    def path(self, per_source: int, device: torch.device) -> Path:
-        """The package's file for ``per_source`` rows per source on ``device``."""
+    def _key(self, per_source: int, device: torch.device) -> str:
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.modules)
-        key = json.dumps({"format": FORMAT, "weights": self._fingerprint, "tag": self.tag, "per_source": per_source,
-                          "torch": torch.__version__, "device": device.type, "cpu": sorted(cpu_flags())},
-                         sort_keys=True)
+        return json.dumps({"format": FORMAT, "weights": self._fingerprint, "tag": self.tag, "per_source": per_source,
+                           "torch": torch.__version__, "device": device.type, "cpu": sorted(cpu_flags())},
+                          sort_keys=True)
+
+    def path(self, per_source: int, device: torch.device) -> Path:
+        """The package's file for ``per_source`` rows per source on ``device``."""
         folder = self.folder if self.folder is not None else compile_cache_dir() / "aoti"
-        return folder / (hashlib.sha256(key.encode()).hexdigest()[:40] + ".pt2")
+        return folder / (hashlib.sha256(self._key(per_source, device).encode()).hexdigest()[:40] + ".pt2")
 
     def _runner(self, args: tuple[Any, ...], per_source: int) -> Step:
         device = args[0].device
@@ -149,15 +157,25 @@ class StepPackages:
             raise RuntimeError(f"compiled decoding steps are built for the CPU only, not {device.type} "
                                "(loading a CUDA package of the step crashed the process)")
         path = self.path(per_source, device)
+        key = self._key(per_source, device)
         if path.is_file():
-            self.loaded.append(path)
-        else:
-            self._build(args, per_source, path)
-            self.built.append(path)
+            problem = _unverified(path, key)
+            if problem is None:
+                try:
+                    runner = _load(path)
+                except Exception as exc:  # noqa: BLE001 - torch's loader raises several kinds
+                    problem = f"it does not load ({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]})"
+                else:
+                    self.loaded.append(path)
+                    return runner
+            log.warning("compiled step %s: %s; building it again", path, problem)
+        self._build(args, per_source, path, key)
+        self.built.append(path)
         return _load(path)
 
-    def _build(self, args: tuple[Any, ...], per_source: int, path: Path) -> None:
-        """Export the step with ``args`` as the example and compile it into ``path``."""
+    def _build(self, args: tuple[Any, ...], per_source: int, path: Path, key: str) -> None:
+        """Export the step with ``args`` as the example and compile it into ``path``, its
+        record (``key`` and the package's SHA-256) beside it."""
         from torch.export import Dim
 
         use_compile_cache()  # inductor's kernels too: a model of the same shapes builds faster
@@ -176,14 +194,52 @@ class StepPackages:
                 program = torch.export.export(_Module(self.step), example, dynamic_shapes=shapes, strict=False)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.pt2")
+            partial_record = partial.with_suffix(".json")
             try:
                 with torch._inductor.config.patch(freezing=True):
                     torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
+                # The record first: a package never stands beside a record that vouches for other bytes.
+                record = {"key": json.loads(key), "sha256": _file_sha256(partial)}
+                partial_record.write_text(json.dumps(record, sort_keys=True) + "\n", encoding="utf-8")
+                os.replace(partial_record, record_path(path))
                 os.replace(partial, path)
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    partial.unlink()
+                for leftover in (partial, partial_record):
+                    with contextlib.suppress(FileNotFoundError):
+                        leftover.unlink()
         log.info("compiled the decoding step into %s", path)
+
+
+def record_path(package: Path) -> Path:
+    """The record beside a package: what it was built for, and its bytes' SHA-256."""
+    return package.with_suffix(".json")
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _unverified(package: Path, key: str) -> str | None:
+    """Why the package at ``package`` may not serve the step whose key is ``key`` (None: it may)."""
+    try:
+        record = json.loads(record_path(package).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "no record of what it was built for"
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        return f"its record is unreadable ({type(exc).__name__})"
+    if not isinstance(record, dict) or record.get("key") != json.loads(key):
+        return "built for other weights or settings"
+    try:
+        sha = _file_sha256(package)
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    if record.get("sha256") != sha:
+        return "its bytes are not those recorded (damaged or replaced)"
+    return None
 
 
 def _load(path: Path) -> Step:

@@ -17,12 +17,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiayn import fileio
 from aiayn.errors import DataError
+
+# Bounds of what one sentence's constraints may hold, checked before any work: a phrase's
+# characters, and the phrases of one kind (include or exclude) per sentence. A constraint
+# longer than any translation can never be met, nor (excluded) ever met by one.
+MAX_PHRASE_CHARS = 1000
+MAX_PHRASES = 100
 
 
 class ConstraintError(DataError):
@@ -78,6 +85,8 @@ class LexicalConstraints:
 def _phrases(items: Any, where: str) -> tuple[str, ...]:
     if not isinstance(items, (list, tuple)):
         raise ValueError(f"{where}: expected a list of phrases, got {type(items).__name__}")
+    if len(items) > MAX_PHRASES:
+        raise ValueError(f"{where}: {len(items)} phrases; at most {MAX_PHRASES} per sentence")
     out = []
     for k, item in enumerate(items):
         if not isinstance(item, str):
@@ -85,6 +94,12 @@ def _phrases(items: Any, where: str) -> tuple[str, ...]:
         phrase = " ".join(item.split())
         if not phrase:
             raise ValueError(f"{where}[{k}]: an empty phrase")
+        if len(phrase) > MAX_PHRASE_CHARS:
+            raise ValueError(f"{where}[{k}]: a phrase of {len(phrase)} characters; at most {MAX_PHRASE_CHARS}")
+        bad = next((c for c in phrase if 0xD800 <= ord(c) <= 0xDFFF), None)
+        if bad is not None:
+            raise ValueError(f"{where}[{k}]: a lone surrogate (U+{ord(bad):04X}), not text; write the character "
+                             "itself or its surrogate pair")
         out.append(phrase)
     return tuple(dict.fromkeys(out))
 
@@ -105,6 +120,12 @@ def parse_constraints_line(line: str, where: str) -> LexicalConstraints:
     except json.JSONDecodeError as exc:
         raise DataError(f"{where}: not JSON ({exc.msg} at column {exc.colno}); write a list of phrases, "
                         "e.g. [\"Hund\", \"roten Ball\"], or {\"include\": [...], \"exclude\": [...]}") from None
+    except RecursionError:
+        raise DataError(f"{where}: JSON nested too deeply; a constraint is a list of phrases or an object "
+                        "{\"include\": [...], \"exclude\": [...]}") from None
+    except ValueError:  # an integer of more digits than Python converts
+        raise DataError(f"{where}: a number of more than {sys.get_int_max_str_digits()} digits; a constraint "
+                        "holds phrases (JSON strings)") from None
     try:
         return LexicalConstraints.coerce(value, "constraints")
     except ValueError as exc:
@@ -139,6 +160,9 @@ class TermDictionary:
                 raise DataError(f"{path}:{lineno}: expected 'source<TAB>target' (two non-empty fields), "
                                 f"got {len(fields)} field{'s' if len(fields) != 1 else ''}")
             source, target = " ".join(fields[0].split()), " ".join(fields[1].split())
+            longest = max(len(source), len(target))
+            if longest > MAX_PHRASE_CHARS:
+                raise DataError(f"{path}:{lineno}: a term of {longest} characters; at most {MAX_PHRASE_CHARS}")
             key = source.casefold()
             if key in terms and terms[key] != target:
                 raise DataError(f"{path}:{lineno}: {source!r} is also given on line {first_line[key]} with "
@@ -172,5 +196,5 @@ def constraints_list(values: Any, n: int, where: str = "constraints") -> list[Le
     return out
 
 
-__all__ = ["ConstraintError", "LexicalConstraints", "TermDictionary", "constraints_list", "parse_constraints_line",
-           "read_constraints"]
+__all__ = ["MAX_PHRASES", "MAX_PHRASE_CHARS", "ConstraintError", "LexicalConstraints", "TermDictionary",
+           "constraints_list", "parse_constraints_line", "read_constraints"]

@@ -66,12 +66,30 @@ class Shortlist:
                      "frequent": self.frequent.to(torch.int32).contiguous()}, metadata={"format": "aiayn-shortlist"})
 
     @classmethod
-    def from_bytes(cls, data: bytes, where: str = "shortlist") -> Shortlist:
+    def from_bytes(cls, data: bytes, where: str = "shortlist", tgt_vocab: int | None = None) -> Shortlist:
+        """A shortlist :meth:`to_bytes` wrote; ``tgt_vocab``: the target vocabulary's size,
+        which every id must be within. Anything else is a DataError naming ``where`` and the
+        entry."""
         try:
             tensors = load(data)
-            return cls(tensors["table"].long(), tensors["frequent"].long())
+            table, frequent = tensors["table"], tensors["frequent"]
         except Exception as exc:  # a damaged file: safetensors raises several kinds
             raise DataError(f"{where}: not a shortlist ({exc})") from None
+        integer = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+        if table.dim() != 2 or frequent.dim() != 1 or table.dtype not in integer or frequent.dtype not in integer:
+            raise DataError(f"{where}: not a shortlist (table {tuple(table.shape)} {table.dtype}, frequent "
+                            f"{tuple(frequent.shape)} {frequent.dtype}; expected integer ids, 2-D and 1-D)")
+        table, frequent = table.long(), frequent.long()
+        high = tgt_vocab
+        for name, ids, low in (("table", table, -1), ("frequent", frequent, 0)):
+            bad = (ids < low) | (ids >= high) if high is not None else ids < low
+            if bool(bad.any()):
+                at = [int(i) for i in bad.nonzero()[0]]
+                index = "".join(f"[{i}]" for i in at)
+                bound = f"0..{high - 1}" if high is not None else "0 or more"
+                raise DataError(f"{where}: {name}{index} is {int(ids[tuple(at)])}, not a target id ({bound}"
+                                f"{'; -1 pads a table row' if name == 'table' else ''})")
+        return cls(table, frequent)
 
 
 def build_shortlist(pairs: Iterable[tuple[Any, Any]], src_vocab: int, tgt_vocab: int,

@@ -235,7 +235,7 @@ class Tokenizer:
                 f"{directory}: no tokenizer found (expected {JOINT_MODEL}, or {SRC_MODEL} and {TGT_MODEL})")
         shortlist = directory / SHORTLIST_FILE
         if shortlist.is_file():
-            tok.shortlist = Shortlist.from_bytes(_read_model(shortlist), str(shortlist))
+            tok.shortlist = Shortlist.from_bytes(_read_model(shortlist), str(shortlist), tok.tgt_vocab_size)
         return tok
 
     # Pickling: SentencePiece processors are rebuilt from their serialized models.
@@ -251,7 +251,7 @@ class Tokenizer:
             self._src_prefix = [self._src.piece_to_id(state["src_tag"])]
             self.src_tag = state["src_tag"]
         if state.get("shortlist") is not None:
-            self.shortlist = Shortlist.from_bytes(state["shortlist"], "<pickled>")
+            self.shortlist = Shortlist.from_bytes(state["shortlist"], "<pickled>", self.tgt_vocab_size)
 
     def __repr__(self) -> str:
         if self.joint:
