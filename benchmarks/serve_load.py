@@ -8,9 +8,9 @@ plus the mean batch size the server reports in ``/metrics``.
     python benchmarks/serve_load.py --checkpoint runs/demo --synthetic reverse   # the demo's model
     python benchmarks/serve_load.py --url http://127.0.0.1:8000 --requests 200   # a running server
 
-The helpers (``make_tiny_checkpoint``, ``start_server``, ``run_load``) are also used by
-tests/serving/, so the tests and this benchmark start servers the same way. ``--json`` alone
-writes benchmarks/results/serve_load.json.
+The helpers (``start_server``, ``run_load``) are also used by tests/serving/, so the tests
+and this benchmark start servers the same way. ``--json`` alone writes
+benchmarks/results/serve_load.json.
 """
 
 from __future__ import annotations

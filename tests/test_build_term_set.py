@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import build_term_set
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "build_term_set.py"
-spec = importlib.util.spec_from_file_location("build_term_set", SCRIPT)
-assert spec and spec.loader
-build_term_set = importlib.util.module_from_spec(spec)
-sys.modules["build_term_set"] = build_term_set
-spec.loader.exec_module(build_term_set)
 
 
 @pytest.mark.parametrize("reference,expected", [

@@ -3,25 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
+
+import cli_reference
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("aiayn_cli_reference", REPO / "scripts" / "cli_reference.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_cli_reference_is_up_to_date() -> None:
-    script = _script()
+    script = cli_reference
     page = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
     assert page == script.render(), f"docs/cli.md is out of date: run `{script.REGENERATE}`"
 

@@ -4,22 +4,13 @@ lower bound, the latest set keeps pyproject's ranges with torch pinned."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import compat_requirements
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "compat_requirements.py"
 
 
 @pytest.fixture(scope="module")
 def compat():  # the script as a module
-    spec = importlib.util.spec_from_file_location("compat_requirements", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return compat_requirements
 
 
 PYPROJECT = {

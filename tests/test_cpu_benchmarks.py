@@ -4,7 +4,6 @@ precision rows a CPU kind skips, and that every CPU benchmark offers ``--emulate
 from __future__ import annotations
 
 import argparse
-import importlib
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,10 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture
-def workloads(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    return importlib.import_module("workloads")
+def workloads():
+    import workloads
+
+    return workloads
 
 
 @pytest.mark.parametrize("native, dtype, include, skipped", [

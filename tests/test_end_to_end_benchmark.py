@@ -1,10 +1,12 @@
 """benchmarks/cpu_end_to_end.py runs end to end: ``--quick --serve --startup`` (a tiny random
-model, two small line counts, one run) writes a report with every section, and each timed
-`aiayn translate` wrote one output line per input line."""
+model, two small line counts, one run) writes a report with every section; each timed
+`aiayn translate` wrote one output line per input line; the run from the compiled step on disk
+ran that step (``--compile on`` under --quick) and wrote the same bytes as the eager runs."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,15 +53,37 @@ def test_every_line_count_has_every_run_and_complete_outputs(report: dict) -> No
     assert set(rows) == {(n, *v) for n in LINES for v in variants}
     for (n, system, _), row in rows.items():
         assert row["output_lines"] == n, row
-        assert len(row["seconds"]) == 1 and row["median_s"] > 0 and row["lines_per_s"] == pytest.approx(
-            n / row["median_s"])
+        assert len(row["seconds"]) == 1 and row["median_s"] == row["seconds"][0] > 0
+        assert row["lines_per_s"] == pytest.approx(n / row["median_s"])
+        assert len(row["output_sha256"]) == 64
         if system == "aiayn":
-            assert row["dtype"] in ("int8", "bf16", "fp32") and row["compiled"] is False  # tiny: never worth it
+            assert row["dtype"] in ("int8", "bf16", "fp32")
             assert 0 < row["median_first_output_s"] <= row["median_last_output_s"] <= row["median_s"]
     assert rows[(10, "ctranslate2", "int8")]["compute_type"].startswith("int8")
     assert [r["lines"] for r in report["ratios"]] == list(LINES)
     for r in report["ratios"]:
-        assert r["aiayn_first_over_ct2_int8"] > 0 and r["aiayn_second_over_ct2_int8"] > 0
+        n = r["lines"]
+        int8 = rows[(n, "ctranslate2", "int8")]["median_s"]
+        for key, variant in (("first", "first run (empty compile cache)"),
+                             ("second", "second run (the first run's compile cache)"),
+                             ("built", "the model's compiled step on disk")):
+            assert r[f"aiayn_{key}_over_ct2_int8"] == pytest.approx(rows[(n, "aiayn", variant)]["median_s"] / int8)
+
+
+@pytest.mark.parametrize("n", LINES)
+def test_the_compiled_step_ran_and_wrote_what_the_eager_step_wrote(report: dict, n: int) -> None:
+    """Under auto the tiny model never compiles (the warm-up is never won back); the third run
+    (--compile on, its package on disk) ran the compiled step. All three wrote the same bytes:
+    the compiled step's outputs are the eager step's."""
+    if not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")):
+        pytest.skip("no C++ compiler (g++, c++ or clang++) for inductor: the compiled step cannot be built")
+    aiayn = {r["variant"]: r for r in report["rows"] if r["lines"] == n and r["system"] == "aiayn"}
+    first, second = aiayn["first run (empty compile cache)"], aiayn["second run (the first run's compile cache)"]
+    built = aiayn["the model's compiled step on disk"]
+    assert (first["compile"], first["compiled"]) == (second["compile"], second["compiled"]) == ("auto", False)
+    assert (built["compile"], built["compiled"]) == ("on", True)
+    assert first["dtype"] == second["dtype"] == built["dtype"]
+    assert first["output_sha256"] == second["output_sha256"] == built["output_sha256"]
 
 
 def test_both_servers_answer_every_request(report: dict) -> None:

@@ -102,15 +102,8 @@ def test_ddp_runs_a_world_of_one_without_a_gpu(report: dict) -> None:
 
 
 def _gpu_module():
-    import importlib.util
+    import gpu
 
-    if "aiayn_bench_gpu" in sys.modules:
-        return sys.modules["aiayn_bench_gpu"]
-    spec = importlib.util.spec_from_file_location("aiayn_bench_gpu", REPO / "benchmarks" / "gpu.py")
-    assert spec and spec.loader
-    gpu = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = gpu  # dataclasses look their module up by name
-    spec.loader.exec_module(gpu)
     return gpu
 
 

@@ -3,21 +3,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+import check_history_words as checker
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "check_history_words.py"
-
-_spec = importlib.util.spec_from_file_location("check_history_words", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-checker = importlib.util.module_from_spec(_spec)
-sys.modules["check_history_words"] = checker  # dataclasses look their module up by name
-_spec.loader.exec_module(checker)
 
 
 def _words(path: str, text: str) -> list[str]:

@@ -4,21 +4,16 @@ check of tests/mutation_equivalent.txt against the source (names and source hash
 from __future__ import annotations
 
 import ast
-import importlib.util
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
+import mutation_score as score_mod
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "mutation_score.py"
-spec = importlib.util.spec_from_file_location("mutation_score", SCRIPT)
-assert spec and spec.loader
-score_mod = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = score_mod  # dataclasses look their module up
-spec.loader.exec_module(score_mod)
 
 RESULTS = """\
     pkg.example.schedule.x_noam_lr__mutmut_1: killed

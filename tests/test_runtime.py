@@ -336,3 +336,18 @@ def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyP
     finally:
         runtime.cpu_flags.cache_clear()
     assert (choice.dtype, choice.reason) == (dtype, reason)
+
+
+@pytest.mark.parametrize("flags, kind", [
+    (AMX_CPU, "AMX"), (AMX_CPU - {"amx_tile", "amx_int8", "amx_bf16"}, "AVX-512 BF16"),
+    ({"avx2", "avx512f", "avx512_vnni"}, "AVX-512 VNNI"), ({"avx2", "avx_vnni"}, "AVX-VNNI"),
+    ({"avx2", "avx512f"}, "AVX-512"), ({"avx2", "fma"}, "AVX2"), ({"sse4_2"}, "other")])
+def test_cpu_kind_names_the_results_page_s_tables(monkeypatch: pytest.MonkeyPatch, flags, kind):
+    from aiayn.runtime import ISA_NARROWING_ENV, cpu_kind
+
+    for name in ISA_NARROWING_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert cpu_kind(frozenset(flags)) == kind
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("CT2_FORCE_CPU_ISA", "AVX2")
+    assert cpu_kind(frozenset(flags)) == f"{kind} (emulated: ONEDNN_MAX_CPU_ISA=AVX2 CT2_FORCE_CPU_ISA=AVX2)"

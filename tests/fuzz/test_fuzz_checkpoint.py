@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import strategies as st
 
-from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint, verify_checkpoint
+from aiayn.checkpoint.directory import load_checkpoint, verify_checkpoint
 from aiayn.checkpoint.layout import MANIFEST_FILE, MODEL_FILE, REQUIRED_FILES
 from aiayn.checkpoint.weights import load_model_tensors, read_model_weights
 from aiayn.config import Config, load_config, model_preset
@@ -29,10 +29,9 @@ CONFIG = Config(model=model_preset("tiny", src_vocab_size=16, tgt_vocab_size=16,
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    return save_checkpoint(tmp_path_factory.mktemp("fuzz_ck") / "ck", build_model(CONFIG.model).eval(), CONFIG,
-                           state={"step": 1})
+def checkpoint(tiny_checkpoints: Callable[..., Path]) -> Path:
+    """A checkpoint of ``CONFIG`` (no tokenizer), read-only: a damaged one is a copy."""
+    return tiny_checkpoints(None, vocab_size=16, max_positions=16)
 
 
 def _refused_or_loaded(load: Callable[[], Any], path: Path) -> Any:

@@ -38,9 +38,11 @@ def _contains(seq: tuple[int, ...], part: tuple[int, ...]) -> bool:
     return any(seq[k:k + len(part)] == part for k in range(len(seq) - len(part) + 1))
 
 
-def brute_force(table, sent: int, cfg: DecodeConfig, include, exclude, tokens) -> tuple[tuple[int, ...], float] | None:
-    """The best-scored output of at most max_len_b tokens (then EOS) meeting the constraints."""
-    best: tuple[tuple[int, ...], float] | None = None
+def ranked_outputs(table, sent: int, cfg: DecodeConfig, include, exclude,
+                   tokens) -> list[tuple[tuple[int, ...], float]]:
+    """Every output of at most max_len_b tokens (then EOS) meeting the constraints, with a
+    probability above 0, best-scored first (the shorter first among equal scores)."""
+    found: list[tuple[tuple[int, ...], float]] = []
     for n in range(cfg.max_len_b + 1):
         for seq in itertools.product(tokens, repeat=n):
             if not all(_contains(seq, tuple(p)) for p in include) or any(_contains(seq, tuple(p)) for p in exclude):
@@ -50,9 +52,15 @@ def brute_force(table, sent: int, cfg: DecodeConfig, include, exclude, tokens) -
                 p = table(sent, seq[:t]).get(tok, 0.0)
                 log_prob += math.log(p) if p > 0 else -math.inf
             score = log_prob / length_penalty(float(n + 1), cfg.lenpen, cfg.lenpen_style)
-            if score > -math.inf and (best is None or score > best[1]):
-                best = (seq, score)
-    return best
+            if score > -math.inf:
+                found.append((seq, score))
+    return sorted(found, key=lambda out: -out[1])
+
+
+def brute_force(table, sent: int, cfg: DecodeConfig, include, exclude, tokens) -> tuple[tuple[int, ...], float] | None:
+    """The best-scored output of at most max_len_b tokens (then EOS) meeting the constraints."""
+    ranked = ranked_outputs(table, sent, cfg, include, exclude, tokens)
+    return ranked[0] if ranked else None
 
 
 CASES = [  # include, exclude: phrases of tokens that do not overlap one another
@@ -186,14 +194,25 @@ def test_met_tokens_counts_the_met_phrases_and_the_progress_that_met_after_predi
 
 
 def test_eos_waits_for_every_phrase_and_the_bound_forces_them_in() -> None:
-    """A model that wants to stop at once still writes the phrases, just before the bound."""
+    """A model that wants to stop at once still writes the phrases, just before the bound.
+
+    The rule (LexicalConstraint): EOS is masked until every phrase has appeared; once the
+    unmet phrases written whole (2 + 1 tokens) no longer fit in the tokens left after this one
+    (max_len - t - 1), only the tokens that bring a phrase further are kept. So: t=0 (4 left)
+    and t=1 (3 left) write the likeliest token, 4; at t=2 (2 left) only 5 is kept, at t=3 6
+    completes [5 6] (and [6] inside it), and at t=4 EOS (0.9) ends the output."""
     def stop(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
         return {EOS_ID: 0.9, 4: 0.05, 5: 0.03, 6: 0.02}
 
     cfg = DecodeConfig(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=5, nbest=1)
     con = LexicalConstraint([[[5, 6], [6]]], eos=EOS_ID)
     hyp = greedy_search(ScriptedModel(stop, vocab=VOCAB), _src(0), cfg, constraint=con)[0][0]
-    assert _contains(tuple(hyp.tokens), (5, 6)) and len(hyp.tokens) <= 5
+    assert hyp.tokens == [4, 4, 5, 6]
+    assert hyp.log_prob == pytest.approx(math.log(0.05 ** 2 * 0.03 * 0.02 * 0.9), rel=1e-6)
+    # An output the enumeration accepts (the likeliest one is shorter: greedy does not look ahead).
+    ranked = dict(ranked_outputs(stop, 0, cfg, [[5, 6], [6]], [], (4, 5, 6)))
+    assert ranked[(4, 4, 5, 6)] == pytest.approx(hyp.score, rel=1e-6)
+    assert max(ranked, key=ranked.__getitem__) == (5, 6)
 
 
 def test_no_output_when_the_phrases_do_not_fit_the_bound() -> None:
@@ -203,13 +222,17 @@ def test_no_output_when_the_phrases_do_not_fit_the_bound() -> None:
 
 
 def test_excluded_one_token_phrase_never_appears() -> None:
+    """The model's favourite token excluded: the three hypotheses are the three best outputs
+    without it, as an enumeration of every output ranks them."""
     def fours(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
         return {4: 0.9, 5: 0.05, EOS_ID: 0.05}
 
     cfg = DecodeConfig(beam=3, lenpen=0.6, max_len_a=0.0, max_len_b=4, nbest=3)
     con = LexicalConstraint([[]], [[[4]]], eos=EOS_ID)
-    for hyp in beam_search(ScriptedModel(fours, vocab=VOCAB), _src(0), cfg, constraint=con)[0]:
-        assert 4 not in hyp.tokens
+    hyps = beam_search(ScriptedModel(fours, vocab=VOCAB), _src(0), cfg, constraint=con)[0]
+    want = ranked_outputs(fours, 0, cfg, [], [[4]], (4, 5))[:3]
+    assert [tuple(h.tokens) for h in hyps] == [seq for seq, _ in want] == [(), (5,), (5, 5)]
+    assert [h.score for h in hyps] == pytest.approx([score for _, score in want], rel=1e-6)
 
 
 phrase = st.lists(st.sampled_from((4, 5, 6)), min_size=1, max_size=3)
@@ -480,3 +503,12 @@ def test_allocated_fills_the_beam_with_dropped_copies_in_candidate_order() -> No
     # 28 finite: the 27 tokens and the row's best token (0); then 12 of the 27 copies.
     assert picked[:28] == [(0, t, 0.0) for t in range(31, 4, -1)] + [(0, 0, 0.0)]
     assert picked[28:] == [(0, t, -math.inf) for t in range(31, 19, -1)]
+
+
+def test_complete_builds_its_tensors_on_the_device_of_the_scores() -> None:
+    """On the meta device (shapes only, no data): every tensor complete returns is there,
+    none on the CPU, as on a GPU every one must be on the GPU."""
+    lprobs, scores = torch.empty(6, VOCAB, device="meta"), torch.empty(2, 3, device="meta")
+    ending = _Beams.complete(lprobs, scores, _BankStub([[-1]] * 6, [2] * 6, {}), 3)
+    assert [t.device.type for t in (ending.scores, ending.beam, ending.tok)] == ["meta"] * 3
+    assert ending.scores.shape == ending.beam.shape == ending.tok.shape == (2, 3)

@@ -18,6 +18,7 @@ from aiayn.inference.search import (
     SearchHypothesis,
     _filter_top_k_top_p,
     _FinishedHypotheses,
+    _prefix_tensor,
     beam_search,
     greedy_search,
     length_penalty,
@@ -640,3 +641,13 @@ def test_finished_nbest_one() -> None:
         finished.add(0, _hyp(s))
     assert finished.nbest_score.tolist() == [-1.0]
     assert [h.tokens for h in finished.results()[0]] == [[1]]
+
+
+@pytest.mark.parametrize("prefix", [None, [[5, 6], []]])
+def test_prefix_tensors_are_built_on_the_given_device(prefix) -> None:
+    """On the meta device (shapes only): the padded prefixes are where the search runs, as
+    on a GPU they must be; the lengths stay on the CPU (read as Python numbers)."""
+    ids, lengths = _prefix_tensor(prefix, 2, torch.device("meta"))
+    assert ids.device.type == "meta" and ids.dtype == torch.long
+    assert ids.shape == (2, 0 if prefix is None else 2)
+    assert lengths.device.type == "cpu" and lengths.tolist() == ([0, 0] if prefix is None else [2, 0])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.inference.conftest import WORDS_DE, WORDS_EN
+from tests.tiny_world import WORDS, WORDS_DE
 
 from aiayn.errors import DataError
 from aiayn.inference.terms import (
@@ -35,7 +35,7 @@ def _pieces_in(tokens: list[int], part: list[int]) -> bool:
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                 HealthCheck.function_scoped_fixture])
-@given(words=st.lists(st.sampled_from(WORDS_EN), min_size=2, max_size=8),
+@given(words=st.lists(st.sampled_from(WORDS), min_size=2, max_size=8),
        include=st.lists(st.lists(st.sampled_from(WORDS_DE), min_size=1, max_size=2), min_size=1, max_size=2),
        exclude=st.sampled_from(WORDS_DE), beam=st.sampled_from([1, 3]), sampling=st.booleans())
 def test_every_phrase_appears_and_no_excluded_one(translator: Translator, words, include, exclude, beam: int,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from sacrebleu.metrics import BLEU
 
 from .conftest import MIRROR, ROOT
 
@@ -233,10 +234,16 @@ def test_rehearsal_end_to_end(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["bleu"]["newstest2013"]) == {"base", "finetune", "mixed", "scratch"}
     assert set(summary["bleu"]["test2016"]) == {"base", "finetune", "mixed"}
-    scores = [*summary["bleu"]["newstest2013"].values(), *summary["bleu"]["test2016"].values()]
-    assert all(isinstance(s, float) and 0.0 <= s <= 100.0 for s in scores)
-    for arm, name in [("base", "newstest2013"), ("finetune", "test2016"), ("scratch", "newstest2013")]:
-        assert len((out / arm / f"{name}.hyp.de").read_text(encoding="utf-8").splitlines()) == 20
+    # Each score is sacreBLEU's (13a, as `aiayn evaluate` prints it: one decimal) of the arm's
+    # hypotheses against that test set's references, recomputed here from the files.
+    references = {"newstest2013": gzip.decompress((mirror / "wmt-news" / "newstest2013.de.gz").read_bytes())
+                  .decode("utf-8").splitlines(),
+                  "test2016": (prep / "test.tgt.txt").read_text(encoding="utf-8").splitlines()}
+    for name, arms in summary["bleu"].items():
+        for arm, score in arms.items():
+            hyps = (out / arm / f"{name}.hyp.de").read_text(encoding="utf-8").splitlines()
+            assert len(hyps) == len(references[name]) == 20
+            assert score == round(BLEU().corpus_score(hyps, [references[name]]).score, 1), (arm, name)
 
     # The fine-tuned vocabulary: the base's pieces at their ids, the added ones after them.
     added = json.loads((out / "data-bin" / "news" / "summary.json").read_text())["extended_vocab"]["joint"]["added"]

@@ -6,15 +6,14 @@ are), on a free loopback port.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.tiny_world import SERVING
 
-REPO = Path(__file__).resolve().parents[2]
+import serve_load as serve_load_module
 
 # Limits of the shared test server, small enough to hit in tests.
 MAX_TEXTS = 8
@@ -23,26 +22,15 @@ MAX_BODY_BYTES = 16_384
 MAX_ATTENTION_VALUES = 100_000
 
 
-def _load_serve_load() -> ModuleType:
-    name = "aiayn_bench_serve_load"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "serve_load.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def serve_load() -> ModuleType:
-    return _load_serve_load()
+    return serve_load_module
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(serve_load: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return serve_load.make_tiny_checkpoint(tmp_path_factory.mktemp("serve_ckpt"))
+def tiny_checkpoint(tiny_checkpoints: Callable[..., Path]) -> Path:
+    """The serving tests' checkpoint: the toy task's word model (tests/tiny_world.py, ``SERVING``)."""
+    return tiny_checkpoints(**SERVING)
 
 
 @pytest.fixture(scope="session")

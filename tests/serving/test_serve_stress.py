@@ -6,8 +6,6 @@ of one and a blocked worker), and eviction at the connection cap in test_connect
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,17 +18,12 @@ pytest.importorskip("httpx")
 pytest.importorskip("psutil")
 pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def stress(serve_load: ModuleType) -> ModuleType:
-    sys.modules.setdefault("serve_load", serve_load)  # serve_stress imports it by name
-    spec = importlib.util.spec_from_file_location("aiayn_bench_serve_stress", BENCHMARKS / "serve_stress.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def stress() -> ModuleType:
+    import serve_stress
+
+    return serve_stress
 
 
 def test_a_full_queue_answers_503_with_retry_after(tiny_checkpoint: Path, sentences: list[str]) -> None:

@@ -55,7 +55,24 @@ def test_cast_once_is_applied_under_autocast_and_trains_as_autocast(make_cfg, de
         assert torch.equal(p, q), name
 
 
-def test_reduce_overhead_trains_as_eager(make_cfg):
+def test_reduce_overhead_trains_as_eager(make_cfg, monkeypatch):
+    """CUDA graphs are captured (a reason inductor would skip them raises instead of running
+    the kernels one by one) and the losses are eager training's."""
+    import torch._dynamo
+    import torch._inductor.config
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._inductor.config.triton, "cudagraph_or_error", True)
+    captures = []
+    capture_begin = torch.cuda.CUDAGraph.capture_begin
+
+    def counted(self, *args, **kwargs):
+        captures.append(self)
+        return capture_begin(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", counted)
+    torch._dynamo.reset()
+    counters.clear()
     eager = _trainer(make_cfg(max_tokens=256))
     graphed = _trainer(make_cfg(max_tokens=256, compile=True, compile_mode="reduce-overhead", length_multiple=8))
     assert graphed.static_shapes is not None
@@ -65,3 +82,5 @@ def test_reduce_overhead_trains_as_eager(make_cfg):
         assert b.n_tokens == a.n_tokens and b.n_sentences == a.n_sentences
         # float32 either way; the compiled kernels add in another order.
         assert b.loss_sum == pytest.approx(a.loss_sum, rel=1e-5 if step == 0 else 1e-3), step
+    assert captures, "no CUDA graph was captured"
+    assert counters["inductor"]["cudagraph_skips"] == 0

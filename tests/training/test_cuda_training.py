@@ -19,6 +19,7 @@ from aiayn.model import build_model  # noqa: E402
 from aiayn.runtime import cuda_native_bf16  # noqa: E402
 from aiayn.training.distributed import DistInfo  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
+from aiayn.training.weight_cast import CastOnceLinear  # noqa: E402
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="platform: no CUDA device")]
 
@@ -83,12 +84,23 @@ def test_fp16_resume_restores_the_scale_bit_exactly(make_cfg, make_task, tmp_pat
 
 
 def test_bf16_autocast_trains(make_cfg, make_task):
+    """The matmuls run in bf16 (autocast, weights cast once per layer), the first loss is
+    float32 training's to bf16's rounding, and training goes on from there."""
     if not cuda_native_bf16():
         pytest.skip("platform: no bf16 on this GPU")
     task = make_task(n=8)
+    fp32 = _trainer(make_cfg(dtype="fp32", label_smoothing=0.0))
     tr = _trainer(make_cfg(dtype="bf16", label_smoothing=0.0))
-    assert not tr.scaler.is_enabled()
+    assert not tr.scaler.is_enabled() and tr.amp_dtype is torch.bfloat16
+    linear = tr.model.decoder_layers[0].ffn.w_1
+    assert isinstance(linear, CastOnceLinear)  # eager CUDA autocast: the trainer casts weights once
+    dtypes = []
+    handle = linear.register_forward_hook(lambda module, args, out: dtypes.append(out.dtype))
+    reference = fp32.train_step([_batch(task)])
     losses = [tr.train_step([_batch(task)]) for _ in range(40)]
+    handle.remove()
+    assert dtypes and set(dtypes) == {torch.bfloat16}
+    assert losses[0].loss_sum == pytest.approx(reference.loss_sum, rel=2e-2)
     assert all(r.updated for r in losses)
     assert tr.model.src_embed.weight.dtype == torch.float32  # master weights stay fp32
     assert losses[-1].loss_sum < 0.6 * losses[0].loss_sum
@@ -136,13 +148,27 @@ def test_cuda_gradients_match_the_cpus_to_float32_rounding(make_cfg, make_task):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_torch_compile_trains_on_cuda(make_cfg, make_task, dtype):
+def test_torch_compile_trains_on_cuda(make_cfg, make_task, dtype, monkeypatch):
+    """The forward is compiled and its graph runs (an error raises instead of falling back
+    to eager), with eager training's losses to the kernels' rounding."""
     if dtype == "bf16" and not cuda_native_bf16():
         pytest.skip("platform: no bf16 on this GPU")
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)
+    torch._dynamo.reset()
+    counters.clear()
     task = make_task(n=8)
+    eager = _trainer(make_cfg(dtype=dtype, label_smoothing=0.0))
     tr = _trainer(make_cfg(compile=True, dtype=dtype, label_smoothing=0.0))
-    losses = [tr.train_step([_batch(task)]).loss_sum for _ in range(10)]
-    assert losses[-1] < losses[0]
+    assert isinstance(tr.forward_model, torch._dynamo.eval_frame.OptimizedModule)
+    steps = [(eager.train_step([_batch(task)]).loss_sum, tr.train_step([_batch(task)]).loss_sum) for _ in range(10)]
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo captured the forward, inductor compiled it
+    rel = 1e-4 if dtype == "fp32" else 2e-2
+    for step, (want, got) in enumerate(steps[:3]):  # before rounding differences compound
+        assert got == pytest.approx(want, rel=rel), step
+    assert steps[-1][1] < steps[0][1]
 
 
 class _OneRankGroup(DistInfo):

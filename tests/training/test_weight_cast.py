@@ -85,26 +85,61 @@ def test_parameters_and_their_names_stay_the_models():
     assert cast_weights_once(trainer.model) == 0  # applied already
 
 
-def test_outside_autocast_or_an_entered_layer_a_linear_is_plain():
+@pytest.fixture
+def linear_paths(monkeypatch) -> list[str]:
+    """Which path each CastOnceLinear call took, in order: "cast" (its layer's cast copies)
+    or "plain" (nn.Linear). The two give the same numbers, so only this tells them apart."""
+    seen: list[str] = []
+    forward = CastOnceLinear.forward
+
+    def recorded(self, x):
+        seen.append("plain" if self._weight_cast.current is None else "cast")
+        return forward(self, x)
+
+    monkeypatch.setattr(CastOnceLinear, "forward", recorded)
+    return seen
+
+
+def test_cast_copies_serve_the_linears_of_a_layer_entered_under_autocast(linear_paths):
+    trainer = _trainer(cast_once=True)
+    trainer.train_step(_batches(1))
+    assert linear_paths and set(linear_paths) == {"cast"}
+
+
+def test_outside_autocast_or_an_entered_layer_a_linear_is_plain(linear_paths):
     fp32 = [_trainer("fp32", cast_once=flag) for flag in (False, True)]
     results = []
     for trainer in fp32:
         torch.manual_seed(1)
         results.append(trainer.train_step(_batches(1)))
     assert results[0].loss_sum == results[1].loss_sum
-    once = fp32[1].model
+    assert linear_paths and set(linear_paths) == {"plain"}  # no autocast: no cast copies
+    plain, once = fp32[0].model, fp32[1].model
     lin = once.decoder_layers[0].ffn.w_1
     x = torch.randn(3, 32)
+    linear_paths.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(lin(x), nn.functional.linear(x, lin.weight, lin.bias))
-    # Incremental decoding calls the layers' step(), never entering them: plain linears.
-    once.eval()
+    assert linear_paths == ["plain"]  # called outside its layer
+    # Incremental decoding calls the layers' step(), never entering them: plain linears,
+    # and the logits of the same model without cast_weights_once, bit for bit.
+    for model in (plain, once):
+        model.eval()
     src = _batches(1)[0].src
+    logits, steps = [], []
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        memory, mask = once.encode(src)
-        cache = once.init_cache(memory, mask, 4)
-        logits, _ = once.decode_step(torch.full((src.size(0),), 1), cache)
-    assert torch.isfinite(logits).all()
+        for model in (plain, once):
+            linear_paths.clear()
+            memory, mask = model.encode(src)
+            encoded = list(linear_paths)
+            linear_paths.clear()
+            cache = model.init_cache(memory, mask, 4)
+            logits.append(model.decode_step(torch.full((src.size(0),), 1), cache)[0])
+            steps.append(list(linear_paths))
+    assert torch.equal(logits[0], logits[1])
+    assert steps[0] == [] and steps[1] and set(steps[1]) == {"plain"}
+    # The encoder's layers are entered: their cast copies (the record tells the paths apart).
+    assert encoded and set(encoded) == {"cast"}
 
 
 def test_only_an_eager_cuda_autocast_forward_casts_once():

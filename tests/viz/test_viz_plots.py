@@ -5,24 +5,22 @@ the heatmaps' values, labels and colour scale, the curves' points, panels and le
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import struct
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
+from tests.tiny_world import SERVING
 
 import aiayn.viz.attention as viz_attention
 import aiayn.viz.curves as viz_curves
 from aiayn.errors import AiaynError, DataError
 from aiayn.viz.attention import attention_size, heads_size, plot_attention, plot_heads
 from aiayn.viz.curves import DEFAULT_SIZE, plot_curves, read_metrics
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -258,16 +256,9 @@ def test_cli_plot_curves(tmp_path: Path, capsys: pytest.CaptureFixture, figures:
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # The same tiny random checkpoint the serving tests and the load benchmark use.
-    name = "aiayn_bench_serve_load"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / "serve_load.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name].make_tiny_checkpoint(tmp_path_factory.mktemp("plot_ckpt"))
+def checkpoint(tiny_checkpoints: Callable[..., Path]) -> Path:
+    """The serving tests' tiny random checkpoint (tests/tiny_world.py, ``SERVING``)."""
+    return tiny_checkpoints(**SERVING)
 
 
 def test_cli_plot_attention(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
