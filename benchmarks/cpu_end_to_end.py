@@ -11,7 +11,10 @@ For each line count N (``--lines``; the input cycled to N lines):
   whole output), the last when ``OUT`` is renamed into place. A third run starts from a
   cache where one earlier ``aiayn translate --compile on`` (untimed, on the first lines of
   the input) built the model's compiled decoding step: what every run after a compiling one
-  (a server's start, a large file) finds.
+  (a server's start, a large file) finds; with ``--quick`` it passes ``--compile on`` (a tiny
+  model never wins the warm-up back under auto), so that the smoke check runs the compiled
+  step. Each aiayn row says whether a compiled step ran in its runs (the translator rewrote
+  its marker in the compile cache) and the SHA-256 of its output.
 - CTranslate2 on the same weights (``aiayn export ctranslate2``, float32), in a fresh Python
   process that imports ctranslate2 and sentencepiece, reads the file, encodes it with the
   export's SentencePiece model, runs ``Translator.translate_batch``, decodes and writes:
@@ -161,7 +164,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     """CPU model, the flags that decide the int8 and bf16 paths, versions."""
     import torch
 
-    from aiayn.runtime import cpu_flags
+    from aiayn.runtime import cpu_flags, cpu_kind
 
     cpu = ""
     try:
@@ -178,6 +181,7 @@ def machine_info(threads: int) -> dict[str, Any]:
         ct2_version = None
     flags = sorted(f for f in cpu_flags() if f.startswith("amx") or f in ("avx512_bf16", "avx512_vnni", "avx_vnni"))
     return {"label": W.machine().replace(f"{W.THREADS} threads", f"{threads} threads"), "cpu": cpu,
+            "kind": cpu_kind(),
             "cores": os.cpu_count(), "threads": threads, "flags": flags, "torch": torch.__version__,
             "ctranslate2": ct2_version, "python": sys.version.split()[0]}
 
@@ -243,7 +247,20 @@ def source_lines(args: argparse.Namespace, sentences: Path | None) -> tuple[list
     lines = [s for s in read_lines(path) if s.strip()]
     if not lines:
         raise SystemExit(f"{path}: no non-empty line")
-    return lines, str(path)
+    return lines, portable(path)
+
+
+def portable(path: str | Path) -> str:
+    """``path`` as the report records it, free of this machine's folders: under the data
+    mirror ``$AIAYN_DATA_MIRROR/...``, under the working directory relative to it, else its
+    last two parts (``.../member1/averaged``)."""
+    path = Path(path).absolute()
+    mirror = os.environ.get("AIAYN_DATA_MIRROR")
+    for root, label in ((mirror, "$AIAYN_DATA_MIRROR"), (os.getcwd(), "")):
+        if root and path.is_relative_to(Path(root).absolute()):
+            rel = path.relative_to(Path(root).absolute()).as_posix()
+            return f"{label}/{rel}" if label else rel
+    return ".../" + "/".join(path.parts[-2:])
 
 
 def write_input(lines: list[str], n: int, path: Path) -> Path:
@@ -299,15 +316,25 @@ def count_lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path) -> dict[str, Any]:
-    """One `aiayn translate` with no option but its input and output."""
+def compiled_ran_since(cache: Path, wall: float) -> bool:
+    """Whether a compiled step ran in a run that started at ``wall`` (time.time()): the
+    translator then rewrote its marker under the compile cache (Translator.record_compiled)."""
+    return any(marker.stat().st_mtime >= wall for marker in cache.rglob("aiayn-compiled/*.json"))
+
+
+def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path,
+              compile_on: bool = False) -> dict[str, Any]:
+    """One `aiayn translate` with no option but its input and output (and ``--compile on``
+    with ``compile_on``)."""
     for p in (out, out.with_name(out.name + ".partial")):
         p.unlink(missing_ok=True)
     log = out.with_name(out.name + ".log")
+    extra = ["--compile", "on"] if compile_on else []
     with open(log, "wb") as err:
+        wall = time.time() - 1.0  # file times may be coarser than the clock
         start = time.perf_counter()
         proc = subprocess.Popen([python(), "-m", "aiayn", "translate", "--checkpoint", str(checkpoint), "-i", str(src),
-                                 "-o", str(out)], stdout=subprocess.DEVNULL, stderr=err,
+                                 "-o", str(out), *extra], stdout=subprocess.DEVNULL, stderr=err,
                                 env=command_env(threads, cache))
         seconds, first, last = _wait(proc, out.with_name(out.name + ".partial"), out, start)
     text = log.read_text(encoding="utf-8", errors="replace")
@@ -317,8 +344,9 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path)
     done = re.search(r"translated (\d+) lines in ([\d.]+)s", text)
     last = last if last is not None else seconds
     return {"seconds": seconds, "first_output_s": first if first is not None else last, "last_output_s": last,
-            "dtype": dtype.group(1) if dtype else None, "compiled": "compile auto -> on" in text,
-            "translate_s": float(done.group(2)) if done else None, "output_lines": count_lines(out)}
+            "dtype": dtype.group(1) if dtype else None, "compiled": compiled_ran_since(cache, wall),
+            "compile": "on" if compile_on else "auto", "translate_s": float(done.group(2)) if done else None,
+            "output_lines": count_lines(out), "output_sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
 
 
 def build_compiled_step(checkpoint: Path, sample: Path, work: Path, threads: int, cache: Path) -> None:
@@ -345,7 +373,8 @@ def run_ct2(model: Path, src: Path, out: Path, threads: int, compute_type: str, 
     if proc.returncode != 0:
         raise SystemExit(f"CTranslate2 ({compute_type}) failed:\n{proc.stderr[-3000:]}")
     parts = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {"seconds": seconds, **parts, "output_lines": count_lines(out)}
+    return {"seconds": seconds, **parts, "output_lines": count_lines(out),
+            "output_sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
 
 
 def _row(system: str, variant: str, n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -357,9 +386,11 @@ def _row(system: str, variant: str, n: int, runs: list[dict[str, Any]]) -> dict[
         values = [r[key] for r in runs if r.get(key) is not None]
         if values:
             row[f"median_{key}"] = statistics.median(values)
-    for key in ("dtype", "compiled", "compute_type"):
+    for key in ("dtype", "compile", "compute_type", "output_sha256"):
         if key in runs[-1]:
             row[key] = runs[-1][key]
+    if "compiled" in runs[-1]:
+        row["compiled"] = all(r["compiled"] for r in runs)
     return row
 
 
@@ -380,7 +411,8 @@ def measure_files(args: argparse.Namespace, checkpoint: Path, ct2: Path | None, 
             got.setdefault("second", []).append(run_aiayn(checkpoint, src, work / "out-aiayn.txt", args.threads,
                                                           cache))
             shutil.rmtree(cache, ignore_errors=True)
-            got.setdefault("built", []).append(run_aiayn(checkpoint, src, work / "out-aiayn.txt", args.threads, built))
+            got.setdefault("built", []).append(run_aiayn(checkpoint, src, work / "out-aiayn.txt", args.threads, built,
+                                                         compile_on=args.quick))
             if ct2 is not None:
                 for ct in ("default", "int8"):
                     got.setdefault(ct, []).append(run_ct2(ct2, src, work / "out-ct2.txt", args.threads, ct, dec))
@@ -617,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, ratios = measure_files(args, checkpoint, ct2, lines, work, dec)
         report: dict[str, Any] = {
             "machine": machine_info(args.threads), "quick": args.quick, "runs": args.runs,
-            "checkpoint": str(checkpoint) if args.checkpoint else ("tiny random (--quick)" if args.quick
+            "checkpoint": portable(checkpoint) if args.checkpoint else ("tiny random (--quick)" if args.quick
                                                                      else "random Transformer base (cpu_decode.py)"),
             "input": {"source": source, "distinct_lines": len(lines)},
             "aiayn_command": "aiayn translate --checkpoint CK -i FILE -o OUT",

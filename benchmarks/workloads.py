@@ -151,25 +151,21 @@ def rss_mb() -> float:
 
 
 def machine() -> str:
-    cpu, flags = platform.processor() or platform.machine(), set()
+    cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo", encoding="utf-8"):
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
                 break
     except OSError:
         pass
-    from aiayn.runtime import native_bf16
+    from aiayn.runtime import cpu_kind, native_bf16
 
-    # Whether bf16 has matrix units (AMX), dot-product instructions only, or neither decides
-    # how fast the bf16 rows can be (docs/results.md names the hardware of every table).
-    if not native_bf16("cpu"):
-        bf16 = "no native bf16 (emulated)"
-    else:
-        bf16 = "native bf16 (AMX)" if "amx_tile" in flags else "native bf16 (AVX-512 BF16, no AMX)"
-    return f"{cpu}, {os.cpu_count()} cores, {THREADS} threads, {bf16}, torch {torch.__version__}"
+    # The kind (AMX, AVX-512 BF16, AVX-512 VNNI, AVX2, ...; emulated when narrowed) and whether
+    # bf16 is native decide how fast each precision's rows can be (docs/results.md names the
+    # kind of every table).
+    bf16 = "native bf16" if native_bf16("cpu") else "no native bf16 (emulated)"
+    return f"{cpu}, {cpu_kind()}, {os.cpu_count()} cores, {THREADS} threads, {bf16}, torch {torch.__version__}"
 
 
 @dataclass

@@ -465,6 +465,7 @@ def built_package(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # builds compiled-step packages: minutes on 2 cores
 def test_a_package_of_other_weights_under_this_name_is_built_again(built_package, tmp_path: Path) -> None:
     import torch
 
@@ -485,6 +486,7 @@ def test_a_package_of_other_weights_under_this_name_is_built_again(built_package
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.slow  # builds compiled-step packages: minutes on 2 cores
 def test_a_damaged_package_is_built_again_once(built_package, tmp_path: Path) -> None:
     from aiayn.inference.step_packages import record_path
 

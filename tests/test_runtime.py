@@ -122,16 +122,17 @@ DTYPE_AUTO_CASES = [
     (("avx2", "avx512f", "avx512_vnni", "avx512_bf16"), "int8", "AVX-512 VNNI"),
     (("avx2", "avx512f", "avx512_vnni"), "int8", "AVX-512 VNNI"),
     (("avx2", "avx_vnni"), "int8", "AVX-VNNI"),
-    (("avx2", "avx512f"), "int8", "no VNNI: 7-bit weights"),
-    (("avx2",), "int8", "no VNNI: 7-bit weights"),
-    ((), "fp32", "no int8 kernel or bf16 units"),
+    (("avx2", "avx512f", "avx512_bf16"), "bf16", "AVX-512 BF16"),
+    (("avx2", "avx512f"), "fp32", "no VNNI or bf16 units"),
+    (("avx2",), "fp32", "no VNNI or bf16 units"),
+    ((), "fp32", "no VNNI or bf16 units"),
 ]
 # The same without oneDNN's int8 kernel (a torch built without it, or not x86).
 DTYPE_AUTO_WITHOUT_ONEDNN = [
     (("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"), "bf16", "AVX-512 BF16"),
     (("amx_bf16",), "bf16", "AMX"),
-    (("avx2", "avx512f", "avx512_vnni"), "fp32", "no int8 kernel or bf16 units"),
-    (("avx2",), "fp32", "no int8 kernel or bf16 units"),
+    (("avx2", "avx512f", "avx512_vnni"), "fp32", "no VNNI or bf16 units"),
+    (("avx2",), "fp32", "no VNNI or bf16 units"),
 ]
 
 
@@ -147,7 +148,9 @@ def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flag
 @pytest.mark.parametrize("flags, onednn, dtype, caveat", [
     (("avx2",), True, "bf16", "dtype bf16: bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"),
     (("avx512_bf16",), True, "bf16", "dtype bf16"),
-    (("avx2",), True, "int8", "dtype int8"),
+    (("avx2", "avx512_vnni"), True, "int8", "dtype int8"),
+    (("avx2",), True, "int8", "dtype int8: this CPU has no VNNI or AMX: int8 runs with 7-bit weights, no faster "
+                              "than fp32"),
     (("avx2",), False, "int8", "dtype int8: this torch has no oneDNN int8 kernel; int8 runs on a reference loop, "
                                "slower than fp32"),
     (("avx2",), False, "fp32", "dtype fp32"),
@@ -319,7 +322,7 @@ def test_onednn_isa_narrows_the_flags_the_precision_choices_read(isa: str, expec
 
 @pytest.mark.parametrize("isa, dtype, reason", [
     ("", "int8", "AMX"), ("AVX512_CORE_BF16", "int8", "AVX-512 VNNI"), ("AVX512_CORE_VNNI", "int8", "AVX-512 VNNI"),
-    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "int8", "no VNNI: 7-bit weights")])
+    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "fp32", "no VNNI or bf16 units")])
 def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyPatch, tmp_path, isa, dtype, reason):
     """cpu_flags() applies $ONEDNN_MAX_CPU_ISA as it reads the CPU: the choice is the kind's."""
     from aiayn import runtime

@@ -206,15 +206,16 @@ class DtypeChoice:
 
 
 # `--dtype auto` on a CPU, by kind: the first row whose flags the CPU has (any of them) decides.
-# Measured per kind in docs/results.md ("Precision per CPU kind"). int8 runs oneDNN's int8
-# matmul everywhere on x86: with VNNI or AMX full 8-bit weights, without them 7-bit weights
-# (aiayn.inference.quantize), still faster than float32. bf16 wins only where int8 cannot run.
+# Measured per kind in docs/results.md ("Precision per CPU kind"): with int8 dot products (VNNI,
+# AMX) int8 is the fastest precision. Without them oneDNN's int8 matmul needs 7-bit weights
+# (aiayn.inference.quantize) and decodes at about float32's speed, not faster: fp32 there, and
+# bf16 wins only where int8 cannot run.
 CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("amx_int8", "amx_tile"), "int8", "AMX"),
     (("avx512_vnni",), "int8", "AVX-512 VNNI"),
     (("avx_vnni",), "int8", "AVX-VNNI"),
-    (("avx512f", "avx2"), "int8", "no VNNI: 7-bit weights"),
 )
+INT8_DOT_PRODUCTS = frozenset(flag for needs, _, _ in CPU_AUTO_DTYPES for flag in needs)
 
 
 def _onednn_int8() -> bool:
@@ -229,11 +230,11 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     """The fastest precision whose translations stay within the quality guard of float32
     (the slow Multi30k test) on ``device``; ``flags``: the CPU's (default :func:`cpu_flags`).
 
-    CPU: int8 (int8 weights, per-token int8 inputs: ``aiayn.inference.quantize``) on every x86
-    kind of :data:`CPU_AUTO_DTYPES`; an int8 dot-product instruction does twice the
-    multiply-adds of a bf16 one, and per-token scales keep BLEU with fp32's. Where torch has
-    no oneDNN int8 kernel, bf16 where the CPU has bf16 units, else fp32. CUDA: bf16 where the
-    GPU computes it natively, else fp16. Any other device: fp32.
+    CPU: int8 (int8 weights, per-token int8 inputs: ``aiayn.inference.quantize``) on the kinds
+    of :data:`CPU_AUTO_DTYPES`, those with int8 dot products; such an instruction does twice
+    the multiply-adds of a bf16 one, and per-token scales keep BLEU with fp32's. Elsewhere (or
+    where torch has no oneDNN int8 kernel) bf16 where the CPU has bf16 units, else fp32. CUDA:
+    bf16 where the GPU computes it natively, else fp16. Any other device: fp32.
     """
     import torch
 
@@ -253,7 +254,7 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
         return DtypeChoice("bf16", "AVX-512 BF16")
     if "amx_bf16" in flags:
         return DtypeChoice("bf16", "AMX")
-    return DtypeChoice("fp32", "no int8 kernel or bf16 units")
+    return DtypeChoice("fp32", "no VNNI or bf16 units")
 
 
 def _caveat(dtype: str, device: torch.device | str) -> str:
@@ -266,6 +267,8 @@ def _caveat(dtype: str, device: torch.device | str) -> str:
         return "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"
     if dtype == "int8" and not _onednn_int8():
         return "this torch has no oneDNN int8 kernel; int8 runs on a reference loop, slower than fp32"
+    if dtype == "int8" and not cpu_flags() & INT8_DOT_PRODUCTS:
+        return "this CPU has no VNNI or AMX: int8 runs with 7-bit weights, no faster than fp32"
     return ""
 
 

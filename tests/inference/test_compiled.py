@@ -18,7 +18,7 @@ from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.compiled import CompiledDecoder, IndexedKVCache
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import search
-from aiayn.inference.step_packages import StepPackages
+from aiayn.inference.step_packages import StepPackages, record_path
 from aiayn.model import KVCache, Transformer, build_model
 from aiayn.model import cache as cache_module
 
@@ -128,7 +128,8 @@ def test_one_package_serves_batches_of_other_sizes_and_a_second_decoder_loads_it
     compiled = CompiledDecoder(eager.model, folder=tmp_path)
     _search_twice(eager, compiled)
     (package,) = compiled.packages.built
-    assert compiled.packages.loaded == [] and sorted(tmp_path.iterdir()) == [package]  # no partial file left
+    # the package and its record (weights' key, SHA-256), no partial file left
+    assert compiled.packages.loaded == [] and sorted(tmp_path.iterdir()) == sorted([package, record_path(package)])
     again = CompiledDecoder(eager.model, folder=tmp_path)
     _search_twice(eager, again)
     assert again.packages.built == [] and again.packages.loaded == [package]

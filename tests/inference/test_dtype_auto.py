@@ -9,8 +9,8 @@ import pytest
 
 from aiayn.runtime import DTYPE_ENV
 
-# A CPU with bf16 units and no int8 dot products: auto -> bf16, which runs on every CPU
-# (emulated where there are no bf16 units), so these tests run anywhere.
+# A CPU with bf16 units, under a torch without oneDNN's int8 kernel: auto -> bf16, which runs
+# on every CPU (emulated where there are no bf16 units), so these tests run anywhere.
 BF16_CPU = frozenset({"avx2", "avx512f", "avx512_bf16"})
 LINE = "dtype auto -> bf16 (AVX-512 BF16)"
 
@@ -22,6 +22,7 @@ def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv(DTYPE_ENV, raising=False)
     monkeypatch.setattr(runtime, "cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(runtime, "_onednn_int8", lambda: False)
 
 
 def test_from_checkpoint_defaults_to_auto(tiny_checkpoint: Path, english: list[str], bf16_cpu) -> None:

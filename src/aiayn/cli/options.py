@@ -26,11 +26,11 @@ DECODE_TITLE = ("decoding (default: the checkpoint's decode section; paper: beam
                 "max length = 1 * source + 50)")
 CHECKPOINT_HELP = "checkpoint directory, run directory (its last checkpoint) or last/best pointer"
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default cpu)"
-DTYPE_HELP = ("auto (default: the fastest precision of this device that keeps fp32's quality: on an x86 CPU "
-              "int8 (7-bit weights without VNNI or AMX), else bf16 with AVX-512 BF16, else fp32; on a GPU bf16 "
+DTYPE_HELP = ("auto (default: the fastest precision of this device that keeps fp32's quality: on a CPU int8 "
+              "with VNNI or AMX, else bf16 with AVX-512 BF16, else fp32; on a GPU bf16 "
               f"from compute capability 8.0, else fp16; printed on stderr; ${DTYPE_ENV} pins it), fp32, bf16 (CPU "
               "or GPU), fp16 (GPU only) or int8 (CPU only: int8 weights and per-token int8 inputs for every linear "
-              "layer); a precision this device only emulates is named so on stderr")
+              "layer); a precision that is slow on this device says so on stderr")
 
 # The namespace attribute listing the decoding flags a subcommand has (see decode_overrides).
 _DECODE_FLAGS = "decode_flags"
