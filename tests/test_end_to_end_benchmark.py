@@ -15,8 +15,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LINES = (10, 40)  # the script's --quick line counts
-# About 20 fresh processes (each imports torch): some 30 s of CPU on 2 cores, a few minutes beside other work.
-pytestmark = pytest.mark.timeout(600)
+# About 20 fresh processes (each imports torch) and one compiled-step build: over a minute on 2
+# cores, so in the slow suite.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
