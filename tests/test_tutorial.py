@@ -113,7 +113,8 @@ def test_the_decode_options_it_states_are_the_configs() -> None:
     assert (int(stated[1]), float(stated[2])) == (decode.beam, decode.lenpen)
 
 
-@pytest.mark.timeout(300)  # trains, averages and translates: 77 s on a busy 2-core machine
+@pytest.mark.slow  # trains, averages and translates: half a minute on 2 cores
+@pytest.mark.timeout(300)
 def test_the_commands(tmp_path: Path) -> None:
     write_corpus(tmp_path)
     proc = bash("\n".join(blocks("bash", quick(tmp_path))), tmp_path)
