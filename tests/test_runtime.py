@@ -140,7 +140,7 @@ DTYPE_AUTO_WITHOUT_ONEDNN = [
 def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
     from aiayn import runtime
 
-    monkeypatch.setattr(runtime, "_onednn_int8", lambda: False)
+    monkeypatch.setattr(runtime, "onednn_int8", lambda: False)
     choice = runtime.auto_inference_dtype("cpu", frozenset(flags))
     assert (choice.dtype, choice.reason) == (dtype, reason)
 
@@ -159,7 +159,7 @@ def test_an_explicit_dtype_that_is_slow_here_says_so(monkeypatch: pytest.MonkeyP
     from aiayn import runtime
 
     _flags(monkeypatch, *flags)
-    monkeypatch.setattr(runtime, "_onednn_int8", lambda: onednn)
+    monkeypatch.setattr(runtime, "onednn_int8", lambda: onednn)
     assert runtime.resolve_inference_dtype(dtype, "cpu").describe() == caveat
     assert runtime.resolve_inference_dtype(dtype, "meta").describe() == f"dtype {dtype}"  # not a CPU: no caveat
 

@@ -218,7 +218,7 @@ CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
 INT8_DOT_PRODUCTS = frozenset(flag for needs, _, _ in CPU_AUTO_DTYPES for flag in needs)
 
 
-def _onednn_int8() -> bool:
+def onednn_int8() -> bool:
     """Whether torch has oneDNN's int8 linear (x86 builds): without it int8 runs on a reference loop."""
     import torch
 
@@ -246,7 +246,7 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     if device.type != "cpu":
         return DtypeChoice("fp32", f"{device.type}: fp32 only")
     flags = cpu_flags() if flags is None else flags
-    if _onednn_int8():
+    if onednn_int8():
         for needs, dtype, reason in CPU_AUTO_DTYPES:
             if flags & set(needs):
                 return DtypeChoice(dtype, reason)
@@ -265,7 +265,7 @@ def _caveat(dtype: str, device: torch.device | str) -> str:
         return ""
     if dtype == "bf16" and not native_bf16("cpu"):
         return "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"
-    if dtype == "int8" and not _onednn_int8():
+    if dtype == "int8" and not onednn_int8():
         return "this torch has no oneDNN int8 kernel; int8 runs on a reference loop, slower than fp32"
     if dtype == "int8" and not cpu_flags() & INT8_DOT_PRODUCTS:
         return "this CPU has no VNNI or AMX: int8 runs with 7-bit weights, no faster than fp32"

@@ -22,7 +22,7 @@ def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv(DTYPE_ENV, raising=False)
     monkeypatch.setattr(runtime, "cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(runtime, "_onednn_int8", lambda: False)
+    monkeypatch.setattr(runtime, "onednn_int8", lambda: False)
 
 
 def test_from_checkpoint_defaults_to_auto(tiny_checkpoint: Path, english: list[str], bf16_cpu) -> None:

@@ -16,7 +16,7 @@ from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import beam_search
 from aiayn.model import build_model
 
-KERNELS = ["int_mm"] + (["onednn"] if Q._onednn_available() else [])
+KERNELS = ["int_mm"] + (["onednn"] if Q.onednn_int8() else [])
 
 
 def test_quantize_rows_golden() -> None:
@@ -214,7 +214,7 @@ def test_onednn_kernel_wherever_torch_has_it(monkeypatch: pytest.MonkeyPatch, mk
     if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: mkldnn)
-    assert Q._onednn_available() is expected
+    assert Q.onednn_int8() is expected
 
 
 @pytest.mark.parametrize(("exact", "kernel", "qmax"), [
@@ -277,7 +277,7 @@ def test_int8_is_exact_on_a_cpu_without_vnni(isa: str, expected: list[str] | Non
     import subprocess
     import sys
 
-    if not Q._onednn_available():
+    if not Q.onednn_int8():
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else {
         k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}

@@ -44,18 +44,16 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from aiayn.runtime import onednn_int8
+
 _QMAX = 127.0
 _QMAX_7_BITS = 63.0  # weights where oneDNN's uint8 x int8 pair sums saturate (module docstring)
 _ZERO_POINT = 128  # int8 -> uint8 for oneDNN: x8 + 128
 _TINY = torch.finfo(torch.float32).tiny
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
-
-
 # Which kernel new Int8Linear layers use; tests switch it to compare the two.
-KERNEL = "onednn" if _onednn_available() else "int_mm"
+KERNEL = "onednn" if onednn_int8() else "int_mm"
 
 
 def _onednn_linear(xu: Tensor, packed_weight: Tensor, weight_scale: Tensor, weight_zero_point: Tensor) -> Tensor:
