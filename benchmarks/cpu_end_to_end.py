@@ -126,12 +126,12 @@ t = [time.perf_counter()]
 from aiayn.cli.main import build_parser
 args = build_parser().parse_args(["translate", "--checkpoint", sys.argv[1], "-i", sys.argv[2]])
 t.append(time.perf_counter())
-from aiayn.runtime import set_threads
+from aiayn.runtime.process import set_threads
 set_threads(int(sys.argv[3]))  # imports torch, as the command does before the subcommand runs
 t.append(time.perf_counter())
 from aiayn.checkpoint.directory import load_checkpoint, resolve_checkpoint, verify_checkpoint
 from aiayn.inference.translator import Translator
-from aiayn.runtime import resolve_inference_dtype
+from aiayn.runtime.precision import resolve_inference_dtype
 t.append(time.perf_counter())
 ckpt = resolve_checkpoint(sys.argv[1])
 verify_checkpoint(ckpt)
@@ -164,7 +164,7 @@ def machine_info(threads: int) -> dict[str, Any]:
     """CPU model, the flags that decide the int8 and bf16 paths, versions."""
     import torch
 
-    from aiayn.runtime import cpu_flags, cpu_kind
+    from aiayn.runtime.cpu import cpu_flags, cpu_kind
 
     cpu = ""
     try:

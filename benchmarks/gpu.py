@@ -140,7 +140,7 @@ def sync(device: torch.device) -> None:
 
 def bench_dtype(device: torch.device) -> str:
     """bf16 on GPUs that have it, fp16 on older ones, fp32 on a CPU."""
-    from aiayn.runtime import cuda_native_bf16
+    from aiayn.runtime.devices import cuda_native_bf16
 
     if device.type != "cuda":
         return "fp32"
@@ -303,7 +303,7 @@ def aiayn_train_step(model_cfg: Any, dtype: str, device: torch.device, sizes: Si
 
 
 def _amp(device: torch.device, dtype: str) -> contextlib.AbstractContextManager:
-    from aiayn.runtime import torch_dtype
+    from aiayn.runtime.precision import torch_dtype
 
     amp_dtype = torch_dtype(dtype)
     return torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else contextlib.nullcontext()
@@ -634,7 +634,7 @@ def aiayn_decoder(path: Path, dtype: str, device: torch.device, sizes: Sizes, gr
 def hf_decoder(path: Path, dtype: str, device: torch.device, sizes: Sizes) -> Callable:
     from transformers import MarianMTModel
 
-    from aiayn.runtime import torch_dtype
+    from aiayn.runtime.precision import torch_dtype
 
     model = MarianMTModel.from_pretrained(path).to(device, dtype=torch_dtype(dtype) or torch.float32).eval()
 

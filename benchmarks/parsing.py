@@ -1,13 +1,13 @@
 """Constituency parsing on the PTB sample: the parsing table of docs/results.md.
 
-Every row is scored by the project's EVALB (COLLINS.prm, :mod:`aiayn.evaluation.parsing`) on
+Every row is scored by the project's EVALB (COLLINS.prm, :mod:`aiayn.evaluation.evalb`) on
 the prepared split's gold trees:
 
 - baselines that need no model: one flat ``S`` over the words, and the right-branching
   binary tree (root ``S``, every other bracket ``NP``: :func:`aiayn.data.trees.right_branching_tree`),
   scored labelled and unlabelled (COLLINS.prm with ``LABELED 0``);
 - with ``--checkpoint``: the model greedy (beam 1) and with the paper's beam 21, each free
-  (malformed outputs repaired) and constrained (:class:`~aiayn.inference.constraints.TreeConstraint`),
+  (malformed outputs repaired) and constrained (:class:`~aiayn.inference.tree_grammar.TreeGrammar`),
   with the decoding time;
 - ``--runs N``: the cost of the constraint at beam 21 on the first split, timed N times with
   the modes alternated (medians): the free search, the same search with the constraint's
@@ -35,8 +35,9 @@ from typing import Any
 import torch
 
 from aiayn.data.trees import flat_tree, right_branching_tree
-from aiayn.evaluation.parsing import EvalbParams, evalb
-from aiayn.inference.parsing import Parser, parse_prepared_split, read_gold
+from aiayn.evaluation.evalb import EvalbParams, evalb
+from aiayn.inference.parser import Parser, parse_prepared_split, read_gold
+from aiayn.inference.request import TranslationRequest
 
 # Where `--json` without a file name writes (docs/results.md quotes it).
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -103,7 +104,8 @@ def constraint_cost(parser: Parser, prepared: Path, split: str, runs: int) -> di
     factory = parser.tree_constraint(words)
 
     def translate(constraint_for: Any) -> list[str]:
-        out = parser.translator.translate_detailed(texts, nbest=1, constraint_for=constraint_for, **settings)
+        decode = parser.translator.decode_config(**{**settings, "nbest": 1})
+        out = parser.translator.run(TranslationRequest(texts, decode, grammar=constraint_for))
         return [r.hypotheses[0].text for r in out]
 
     modes: dict[str, Callable[[], Any]] = {

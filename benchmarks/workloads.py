@@ -46,11 +46,11 @@ def setup_threads() -> None:
 
 def setup_process(system: str) -> None:
     """Threads, and for aiayn the allocator setting its `aiayn` command applies
-    (aiayn.runtime.tune_allocator). ``--peers-malloc`` (env AIAYN_BENCH_PEERS_MALLOC=1)
+    (aiayn.runtime.process.tune_allocator). ``--peers-malloc`` (env AIAYN_BENCH_PEERS_MALLOC=1)
     gives the peers the same setting, to separate the allocator's share of the gap."""
     setup_threads()
     if system == "aiayn" or os.environ.get("AIAYN_BENCH_PEERS_MALLOC") == "1":
-        from aiayn.runtime import tune_allocator
+        from aiayn.runtime.process import tune_allocator
         tune_allocator()
 
 
@@ -75,7 +75,7 @@ def emulated(dtype: str, include: bool = False) -> str | None:
     """Why the row of precision ``dtype`` (``bf16``, ``bf16+compile``, ...) is skipped on this
     CPU: bf16 where it has no bf16 units (torch converts to float32 around each product, many
     times slower than float32 itself); None when it is measured (``include``: ``--emulated``)."""
-    from aiayn.runtime import native_bf16
+    from aiayn.runtime.precision import native_bf16
 
     if include or not dtype.startswith(("bf16", "bfloat16")) or native_bf16("cpu"):
         return None
@@ -159,7 +159,8 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    from aiayn.runtime import cpu_kind, native_bf16
+    from aiayn.runtime.cpu import cpu_kind
+    from aiayn.runtime.precision import native_bf16
 
     # The kind (AMX, AVX-512 BF16, AVX-512 VNNI, AVX2, ...; emulated when narrowed) and whether
     # bf16 is native decide how fast each precision's rows can be (docs/results.md names the

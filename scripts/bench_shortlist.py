@@ -29,7 +29,7 @@ import torch
 
 from aiayn.data.prepare import load_tokenizer
 from aiayn.evaluation.bleu import corpus_bleu
-from aiayn.inference.shortlist import SENTENCES_PER_LIST
+from aiayn.inference.step_vocabulary import SENTENCES_PER_LIST
 from aiayn.inference.translator import Translator
 
 

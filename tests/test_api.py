@@ -1,5 +1,5 @@
 """The package root's Python API: what ``from aiayn import ...`` gives (lazily, without
-torch), and the functions of aiayn.recipes.api: prepare, train, average."""
+torch), and the functions of aiayn.api: prepare, train, average."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ REAL = {
     "AiaynError": "aiayn.errors",
     "Config": "aiayn.config",
     "load_config": "aiayn.config",
-    "prepare": "aiayn.recipes.api",
-    "train": "aiayn.recipes.api",
-    "average": "aiayn.recipes.api",
+    "prepare": "aiayn.api",
+    "train": "aiayn.api",
+    "average": "aiayn.api",
     "load_checkpoint": "aiayn.checkpoint.directory",
     "Translator": "aiayn.inference.translator",
-    "Parser": "aiayn.inference.parsing",
+    "Parser": "aiayn.inference.parser",
     "corpus_scores": "aiayn.evaluation.bleu",
 }
 SYNTHETIC = {"synthetic": "reverse", "synthetic_train_size": 60, "synthetic_valid_size": 6,

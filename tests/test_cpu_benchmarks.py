@@ -27,9 +27,9 @@ def workloads():
 ])
 def test_emulated_precisions_are_skipped_with_one_reason(monkeypatch: pytest.MonkeyPatch, workloads, native: bool,
                                                         dtype: str, include: bool, skipped: bool):
-    from aiayn import runtime
+    from aiayn.runtime import precision
 
-    monkeypatch.setattr(runtime, "native_bf16", lambda device: native)
+    monkeypatch.setattr(precision, "native_bf16", lambda device: native)
     reason = workloads.emulated(dtype, include)
     if skipped:
         assert reason == "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX); --emulated measures it"

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
+import importlib
 import io
 import os
 import re
@@ -169,14 +169,10 @@ def _parse_script(path: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch) 
         result = original(self, args, namespace)
         raise _Parsed(result)
 
-    name = f"doc_command_{path.parent.name}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
+    # benchmarks/ and scripts/ are on pytest's pythonpath: the script is imported by its name.
+    module = importlib.import_module(path.stem)
+    assert Path(module.__file__ or "").resolve() == path.resolve(), f"{path.stem} is not {path}"
     with monkeypatch.context() as patch:
-        patch.syspath_prepend(str(path.parent))
-        patch.setitem(sys.modules, name, module)
-        spec.loader.exec_module(module)
         patch.setattr(argparse.ArgumentParser, "parse_known_args", parse_known_args)
         patch.setattr(sys, "argv", [str(path), *argv])
         err = io.StringIO()

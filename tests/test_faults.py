@@ -506,7 +506,6 @@ def test_a_damaged_package_is_built_again_once(built_package, tmp_path: Path) ->
 def test_a_package_is_used_only_as_its_record_vouches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:
     """Without building anything: what is loaded, what is built again, and the one warning."""
-    import contextlib
     import hashlib
     import json
 
@@ -515,8 +514,7 @@ def test_a_package_is_used_only_as_its_record_vouches(tmp_path: Path, monkeypatc
     from aiayn.inference import step_packages
     from aiayn.inference.step_packages import StepPackages, record_path
 
-    packages = StepPackages(lambda *args: args[0], [], lambda device: contextlib.nullcontext(), tag="t",
-                            folder=tmp_path)
+    packages = StepPackages(lambda *args: args[0], [], folder=tmp_path)
     cpu = torch.device("cpu")
     path, key = packages.path(2, cpu), json.loads(packages._key(2, cpu))
     builds: list[Path] = []
@@ -545,7 +543,7 @@ def test_a_package_is_used_only_as_its_record_vouches(tmp_path: Path, monkeypatc
         record_path(path).unlink(missing_ok=True)
         if record is not None:
             record_path(path).write_text(json.dumps(record), encoding="utf-8")
-        fresh = StepPackages(packages.step, [], packages.precision, tag="t", folder=tmp_path)
+        fresh = StepPackages(packages.step, [], folder=tmp_path)
         fresh._runner((torch.zeros(2, dtype=torch.long),), 2)
         return list(builds)
 

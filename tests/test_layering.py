@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "aiayn"
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 # Lowest first; the same list as docs/architecture.md ("Layers"). The coarse layers of the
-# project (cli -> serving/interop/recipes -> training/inference/evaluation ->
+# project (cli/api -> serving/interop/recipes -> training/inference/evaluation ->
 # checkpoint/data/text -> model/config/runtime) with the order inside them made explicit.
 LAYERS: list[set[str]] = [
     {"errors", "vocab"},
@@ -29,7 +29,7 @@ LAYERS: list[set[str]] = [
     {"evaluation", "viz"},
     {"training", "inference"},
     {"serving", "interop", "recipes"},
-    {"cli"},
+    {"cli", "api"},
     {"__main__"},
 ]
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}

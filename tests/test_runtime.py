@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-CODE = "from aiayn.runtime import tune_allocator; print(tune_allocator(), tune_allocator())"
+CODE = "from aiayn.runtime.process import tune_allocator; print(tune_allocator(), tune_allocator())"
 
 
 def _run(env_extra: dict[str, str]) -> str:
@@ -21,16 +21,16 @@ def test_allocator_tuned_once_on_glibc_and_opt_out_respected():
 
 def _flags(monkeypatch: pytest.MonkeyPatch, *names: str) -> None:
     """The CPU seen by every precision choice: these flags."""
-    from aiayn import runtime
+    from aiayn.runtime import cpu
 
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: frozenset(names))
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(names))
 
 
 @pytest.mark.parametrize("avx512_bf16, amx, expected", [(False, False, "fp32"), (True, False, "bf16"),
                                                          (False, True, "bf16")])
 def test_dtype_auto_is_bf16_only_where_the_cpu_runs_it_natively(monkeypatch: pytest.MonkeyPatch,
                                                                  avx512_bf16: bool, amx: bool, expected: str):
-    from aiayn.runtime import resolve_train_dtype
+    from aiayn.runtime.precision import resolve_train_dtype
 
     _flags(monkeypatch, "avx2", *(["avx512_bf16"] if avx512_bf16 else []), *(["amx_tile"] if amx else []))
     assert resolve_train_dtype("auto", "cpu") == expected
@@ -65,7 +65,7 @@ COMPUTE_COMMANDS = ("demo", "train", "translate", "evaluate", "parse", "serve", 
 @pytest.mark.parametrize("flag, env, expected", [(None, None, 0), (None, "3", 3), (2, "3", 2), (0, "3", 0),
                                                  (None, " 1 ", 1)])
 def test_threads_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPatch, flag, env, expected):
-    from aiayn.runtime import THREADS_ENV, num_threads
+    from aiayn.runtime.process import THREADS_ENV, num_threads
 
     if env is None:
         monkeypatch.delenv(THREADS_ENV, raising=False)
@@ -79,7 +79,7 @@ def test_threads_from_the_flag_else_the_environment(monkeypatch: pytest.MonkeyPa
                                                 (-2, None, "--threads -2: the number of threads cannot")])
 def test_bad_thread_counts_name_their_origin(monkeypatch: pytest.MonkeyPatch, flag, env, message):
     from aiayn.errors import ConfigError
-    from aiayn.runtime import THREADS_ENV, num_threads
+    from aiayn.runtime.process import THREADS_ENV, num_threads
 
     monkeypatch.setenv(THREADS_ENV, env) if env else monkeypatch.delenv(THREADS_ENV, raising=False)
     with pytest.raises(ConfigError, match=message):
@@ -138,10 +138,11 @@ DTYPE_AUTO_WITHOUT_ONEDNN = [
 
 @pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_WITHOUT_ONEDNN)
 def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
-    from aiayn import runtime
+    from aiayn.runtime import cpu
+    from aiayn.runtime.precision import auto_inference_dtype
 
-    monkeypatch.setattr(runtime, "onednn_int8", lambda: False)
-    choice = runtime.auto_inference_dtype("cpu", frozenset(flags))
+    monkeypatch.setattr(cpu, "onednn_int8", lambda: False)
+    choice = auto_inference_dtype("cpu", frozenset(flags))
     assert (choice.dtype, choice.reason) == (dtype, reason)
 
 
@@ -156,17 +157,18 @@ def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flag
     (("avx2",), False, "fp32", "dtype fp32"),
 ])
 def test_an_explicit_dtype_that_is_slow_here_says_so(monkeypatch: pytest.MonkeyPatch, flags, onednn, dtype, caveat):
-    from aiayn import runtime
+    from aiayn.runtime import cpu
+    from aiayn.runtime.precision import resolve_inference_dtype
 
     _flags(monkeypatch, *flags)
-    monkeypatch.setattr(runtime, "onednn_int8", lambda: onednn)
-    assert runtime.resolve_inference_dtype(dtype, "cpu").describe() == caveat
-    assert runtime.resolve_inference_dtype(dtype, "meta").describe() == f"dtype {dtype}"  # not a CPU: no caveat
+    monkeypatch.setattr(cpu, "onednn_int8", lambda: onednn)
+    assert resolve_inference_dtype(dtype, "cpu").describe() == caveat
+    assert resolve_inference_dtype(dtype, "meta").describe() == f"dtype {dtype}"  # not a CPU: no caveat
 
 
 @pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_CASES)
 def test_dtype_auto_on_the_cpu_follows_its_flags(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
-    from aiayn.runtime import DTYPE_ENV, auto_inference_dtype, resolve_inference_dtype
+    from aiayn.runtime.precision import DTYPE_ENV, auto_inference_dtype, resolve_inference_dtype
 
     assert auto_inference_dtype("cpu", frozenset(flags)).dtype == dtype
     monkeypatch.delenv(DTYPE_ENV, raising=False)
@@ -184,7 +186,7 @@ def test_dtype_auto_on_a_gpu_is_bf16_where_native_else_fp16(monkeypatch: pytest.
 
     import torch
 
-    from aiayn.runtime import auto_inference_dtype
+    from aiayn.runtime.precision import auto_inference_dtype
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
@@ -195,7 +197,7 @@ def test_dtype_auto_on_a_gpu_is_bf16_where_native_else_fp16(monkeypatch: pytest.
 
 def test_an_explicit_dtype_skips_auto_and_the_environment_pins_auto(monkeypatch: pytest.MonkeyPatch):
     from aiayn.errors import ConfigError
-    from aiayn.runtime import DTYPE_ENV, resolve_inference_dtype
+    from aiayn.runtime.precision import DTYPE_ENV, resolve_inference_dtype
 
     _flags(monkeypatch, "avx512_vnni", "avx512_bf16")
     monkeypatch.setenv(DTYPE_ENV, "bf16")
@@ -213,29 +215,29 @@ def test_an_explicit_dtype_skips_auto_and_the_environment_pins_auto(monkeypatch:
 
 
 def test_cpu_flags_read_cpuinfo_once(monkeypatch: pytest.MonkeyPatch, tmp_path):
-    from aiayn import runtime
+    from aiayn.runtime import cpu
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx_vnni\nbugs\t: none\n"
                        "processor\t: 1\nflags\t\t: fpu amx_int8\n")
-    monkeypatch.setattr(runtime, "CPUINFO", cpuinfo)
-    runtime.cpu_flags.cache_clear()
+    monkeypatch.setattr(cpu, "CPUINFO", cpuinfo)
+    cpu.cpu_flags.cache_clear()
     try:
-        flags = runtime.cpu_flags()
+        flags = cpu.cpu_flags()
         assert {"fpu", "sse2", "avx2", "avx_vnni"} <= flags and "amx_int8" not in flags  # the first CPU's line
         cpuinfo.write_text("flags\t\t: amx_int8\n")
-        assert runtime.cpu_flags() is flags  # read once per process
-        monkeypatch.setattr(runtime, "CPUINFO", tmp_path / "missing")
-        runtime.cpu_flags.cache_clear()
-        assert runtime.cpu_flags() <= set(runtime._TORCH_CPU_PROBES)  # elsewhere: torch's probes alone
+        assert cpu.cpu_flags() is flags  # read once per process
+        monkeypatch.setattr(cpu, "CPUINFO", tmp_path / "missing")
+        cpu.cpu_flags.cache_clear()
+        assert cpu.cpu_flags() <= set(cpu._TORCH_CPU_PROBES)  # elsewhere: torch's probes alone
     finally:
-        runtime.cpu_flags.cache_clear()
+        cpu.cpu_flags.cache_clear()
 
 
 def test_on_a_passing_thread_returns_the_result_from_a_thread_that_has_ended():
     import threading
 
-    from aiayn.runtime import on_a_passing_thread
+    from aiayn.runtime.process import on_a_passing_thread
 
     seen = []
     assert on_a_passing_thread(lambda: seen.append(threading.current_thread()) or 42) == 42
@@ -244,7 +246,7 @@ def test_on_a_passing_thread_returns_the_result_from_a_thread_that_has_ended():
 
 def test_on_a_passing_thread_raises_the_work_s_exception_here():
     from aiayn.errors import CheckpointError
-    from aiayn.runtime import on_a_passing_thread
+    from aiayn.runtime.process import on_a_passing_thread
 
     error = CheckpointError("ck: not a checkpoint")
 
@@ -258,7 +260,7 @@ def test_on_a_passing_thread_raises_the_work_s_exception_here():
 
 EXIT_NOW = """
 import atexit, logging, sys
-from aiayn.runtime import exit_now
+from aiayn.runtime.process import exit_now
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 atexit.register(lambda: print("teardown ran"))
 print("the output", end="")
@@ -315,7 +317,7 @@ NARROWED_CASES = [
 
 @pytest.mark.parametrize("isa, expected", NARROWED_CASES)
 def test_onednn_isa_narrows_the_flags_the_precision_choices_read(isa: str, expected: set[str]):
-    from aiayn.runtime import narrowed_flags
+    from aiayn.runtime.cpu import narrowed_flags
 
     assert narrowed_flags(AMX_CPU, isa) == frozenset(expected)
 
@@ -325,19 +327,20 @@ def test_onednn_isa_narrows_the_flags_the_precision_choices_read(isa: str, expec
     ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "fp32", "no VNNI or bf16 units")])
 def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyPatch, tmp_path, isa, dtype, reason):
     """cpu_flags() applies $ONEDNN_MAX_CPU_ISA as it reads the CPU: the choice is the kind's."""
-    from aiayn import runtime
+    from aiayn.runtime import cpu
+    from aiayn.runtime.precision import DTYPE_ENV, resolve_inference_dtype
 
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("flags\t\t: " + " ".join(sorted(AMX_CPU)) + "\n")
-    monkeypatch.setattr(runtime, "CPUINFO", cpuinfo)
-    monkeypatch.setattr(runtime, "_TORCH_CPU_PROBES", {})
-    monkeypatch.setenv(runtime.ONEDNN_ISA_ENV, isa)
-    monkeypatch.delenv(runtime.DTYPE_ENV, raising=False)
-    runtime.cpu_flags.cache_clear()
+    monkeypatch.setattr(cpu, "CPUINFO", cpuinfo)
+    monkeypatch.setattr(cpu, "_TORCH_CPU_PROBES", {})
+    monkeypatch.setenv(cpu.ONEDNN_ISA_ENV, isa)
+    monkeypatch.delenv(DTYPE_ENV, raising=False)
+    cpu.cpu_flags.cache_clear()
     try:
-        choice = runtime.resolve_inference_dtype("auto", "cpu")
+        choice = resolve_inference_dtype("auto", "cpu")
     finally:
-        runtime.cpu_flags.cache_clear()
+        cpu.cpu_flags.cache_clear()
     assert (choice.dtype, choice.reason) == (dtype, reason)
 
 
@@ -346,7 +349,7 @@ def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyP
     ({"avx2", "avx512f", "avx512_vnni"}, "AVX-512 VNNI"), ({"avx2", "avx_vnni"}, "AVX-VNNI"),
     ({"avx2", "avx512f"}, "AVX-512"), ({"avx2", "fma"}, "AVX2"), ({"sse4_2"}, "other")])
 def test_cpu_kind_names_the_results_page_s_tables(monkeypatch: pytest.MonkeyPatch, flags, kind):
-    from aiayn.runtime import ISA_NARROWING_ENV, cpu_kind
+    from aiayn.runtime.cpu import ISA_NARROWING_ENV, cpu_kind
 
     for name in ISA_NARROWING_ENV:
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""Which GPUs compute in bf16 (aiayn.runtime.cuda_native_bf16), decided from the compute
+"""Which GPUs compute in bf16 (aiayn.runtime.devices.cuda_native_bf16), decided from the compute
 capability with CUDA's answers stubbed: testable without a GPU."""
 
 from types import SimpleNamespace
@@ -6,7 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from aiayn.runtime import cuda_native_bf16, native_bf16, resolve_train_dtype
+from aiayn.runtime.devices import cuda_native_bf16
+from aiayn.runtime.precision import native_bf16, resolve_train_dtype
 
 
 @pytest.mark.parametrize(("major", "native"), [(6, False), (7, False), (8, True), (9, True), (10, True)])

@@ -24,25 +24,25 @@ import importlib as _importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and the API reference see; __getattr__ imports at run time
+    from aiayn.api import average, prepare, train
     from aiayn.checkpoint.directory import load_checkpoint
     from aiayn.config import Config, load_config
     from aiayn.errors import AiaynError
     from aiayn.evaluation.bleu import corpus_scores
-    from aiayn.inference.parsing import Parser
+    from aiayn.inference.parser import Parser
     from aiayn.inference.translator import Translator
-    from aiayn.recipes.api import average, prepare, train
 
 # Exported name -> the module that defines it.
 _EXPORTS = {
     "AiaynError": "aiayn.errors",
     "Config": "aiayn.config",
     "load_config": "aiayn.config",
-    "prepare": "aiayn.recipes.api",
-    "train": "aiayn.recipes.api",
-    "average": "aiayn.recipes.api",
+    "prepare": "aiayn.api",
+    "train": "aiayn.api",
+    "average": "aiayn.api",
     "load_checkpoint": "aiayn.checkpoint.directory",
     "Translator": "aiayn.inference.translator",
-    "Parser": "aiayn.inference.parsing",
+    "Parser": "aiayn.inference.parser",
     "corpus_scores": "aiayn.evaluation.bleu",
 }
 

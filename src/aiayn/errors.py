@@ -29,6 +29,17 @@ class DataError(AiaynError):
     """Bad input data: missing file, misaligned lines, invalid UTF-8, corrupt gzip..."""
 
 
+class ConstraintError(DataError):
+    """A sentence whose constraints cannot be met: ``index`` is its position among the texts
+    translated, ``reason`` says why. The message names it as ``texts[index]``; a command
+    line re-words it as ``FILE:LINE``."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(f"texts[{index}]: {reason}")
+        self.index = index
+        self.reason = reason
+
+
 class CheckpointError(AiaynError):
     """A missing, incomplete or corrupted checkpoint."""
 

@@ -114,7 +114,7 @@ class _DeadEndState:
 @pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
 def test_a_row_left_without_a_token_gives_no_hypothesis(sampling: bool, tiny_config) -> None:
     from aiayn.inference.adapters import IncrementalDecoder
-    from aiayn.inference.search import search
+    from aiayn.inference.search import SearchInputs, search
     from aiayn.model import build_model
 
     torch.manual_seed(0)
@@ -122,7 +122,7 @@ def test_a_row_left_without_a_token_gives_no_hypothesis(sampling: bool, tiny_con
     src = torch.tensor([[5, 6, 7, 3], [8, 9, 10, 3]])
     cfg = DecodeConfig(beam=2 if sampling else 1, sampling=sampling, max_len_a=0.0, max_len_b=4, nbest=1)
     free = search(decoder, src, cfg)
-    got = search(decoder, src, cfg, constraint=_DeadEnd())
+    got = search(decoder, src, cfg, SearchInputs(constraint=_DeadEnd()))
     assert got[0] == []  # not a hypothesis scored -inf
     assert got[1] and all(torch.isfinite(torch.tensor(h.score)) for h in got[1])
     if not sampling:  # (a sample's draws depend on the rows beside it)

@@ -17,6 +17,7 @@ import torch
 
 from aiayn.cli.translate import format_result, read_file_lines
 from aiayn.inference.alignment import format_alignment, hard_alignment, last_layer_mean, piece_words
+from aiayn.inference.request import TranslationRequest
 from aiayn.inference.translator import Translator
 
 # Tiny models run fastest on one thread (the translations in-process and through the CLI).
@@ -174,17 +175,17 @@ def test_chunk_size_flag(tiny_checkpoint, tricky_file, run_cli) -> None:
 
 
 def _dying_after(monkeypatch, calls: int, error: type[BaseException] = RuntimeError) -> list[int]:
-    """Translator.translate_detailed raising on its call number ``calls + 1``."""
+    """Translator.run raising on its call number ``calls + 1``."""
     seen: list[int] = []
-    real = Translator.translate_detailed
+    real = Translator.run
 
-    def dying(self, texts, *args, **kwargs):
-        seen.append(len(texts))
+    def dying(self, request, *args, **kwargs):
+        seen.append(len(request.texts))
         if len(seen) > calls:
             raise error("simulated crash")
-        return real(self, texts, *args, **kwargs)
+        return real(self, request, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "translate_detailed", dying)
+    monkeypatch.setattr(Translator, "run", dying)
     return seen
 
 
@@ -369,9 +370,10 @@ def test_alignment_target_words_match_the_output_with_unknown_pieces(tiny_checkp
     """Prefixes with characters the vocabulary lacks put <unk> (written " ⁇ ") in the output."""
     translator = Translator.from_checkpoint(tiny_checkpoint)
     prefixes = ["ein Mann ,", "X", "der Hund. und", "Ä ö ü"]
-    results = translator.translate_detailed(["a man", "the dog", "a cat is walking", "the ball"], nbest=2,
-                                            attention=True, prefixes=prefixes, attention_summary=last_layer_mean,
-                                            beam=2, max_len_b=3)
+    request = TranslationRequest(["a man", "the dog", "a cat is walking", "the ball"],
+                                 translator.decode_config(nbest=2, beam=2, max_len_b=3), attention=True,
+                                 prefixes=prefixes, attention_summary=last_layer_mean)
+    results = translator.run(request)
     unknown = 0
     for r in results:
         for h in r.hypotheses:

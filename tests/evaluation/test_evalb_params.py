@@ -12,7 +12,7 @@ import pytest
 
 import aiayn
 from aiayn.errors import DataError
-from aiayn.evaluation.parsing import EvalbParams
+from aiayn.evaluation.evalb import EvalbParams
 
 
 def write(path: Path, text: str) -> Path:
@@ -49,7 +49,7 @@ def test_prm_missing_file_message(tmp_path: Path) -> None:
 def test_prm_reading_does_not_depend_on_the_locale(tmp_path: Path) -> None:
     # Under an ASCII locale (no UTF-8 mode, no locale coercion) a UTF-8 parameter file still reads.
     prm = write(tmp_path / "p.prm", "DELETE_LABEL «\nEQ_WORD é e\n")
-    code = "import sys; from aiayn.evaluation.parsing import EvalbParams; print(ascii(EvalbParams.read(sys.argv[1])))"
+    code = "import sys; from aiayn.evaluation.evalb import EvalbParams; print(ascii(EvalbParams.read(sys.argv[1])))"
     env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
            "PYTHONPATH": str(Path(aiayn.__file__).resolve().parents[1])}
     done = subprocess.run([sys.executable, "-c", code, str(prm)], env=env, capture_output=True, text=True,

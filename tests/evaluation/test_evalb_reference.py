@@ -18,7 +18,7 @@ import pytest
 
 from aiayn.data.trees import parse_tree
 from aiayn.errors import DataError
-from aiayn.evaluation.parsing import (
+from aiayn.evaluation.evalb import (
     ERROR,
     OK,
     SKIP,

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from aiayn.errors import DataError
-from aiayn.evaluation.parsing import EvalbParams, evalb_files, evalb_report, evalb_sentences
+from aiayn.evaluation.evalb import EvalbParams, evalb_files, evalb_report, evalb_sentences
 
-LOGGER = "aiayn.evaluation.parsing"
+LOGGER = "aiayn.evaluation.evalb"
 
 
 def write(path: Path, text: str) -> Path:

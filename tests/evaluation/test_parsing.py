@@ -1,4 +1,4 @@
-"""EVALB bracket scores (aiayn.evaluation.parsing) of hand-made trees and corpora.
+"""EVALB bracket scores (aiayn.evaluation.evalb) of hand-made trees and corpora.
 
 Expected values are counted by hand; the comment above each case lists the brackets
 EVALB scores, as (label start end) over the words left after deleting punctuation. Each
@@ -20,7 +20,7 @@ import pytest
 
 from aiayn.data.trees import Tree, clean_tree, linearize, parse_tree, read_trees, rebuild, tree_to_string
 from aiayn.errors import DataError
-from aiayn.evaluation.parsing import (
+from aiayn.evaluation.evalb import (
     ERROR,
     OK,
     SKIP,
@@ -36,7 +36,7 @@ from aiayn.evaluation.parsing import (
 # path that exists nowhere and names the variable, so the tests that need data skip saying so.
 MIRROR = Path(os.environ.get("AIAYN_DATA_MIRROR") or "/AIAYN_DATA_MIRROR-is-not-set")
 PTB_FILES = MIRROR / "ptb-sample" / "combined"
-LOGGER = "aiayn.evaluation.parsing"
+LOGGER = "aiayn.evaluation.evalb"
 
 # Words: The cat sat on the mat .  -> scored positions 0..5 (the period is deleted).
 # Brackets: S 0 6, NP 0 2, VP 2 6, PP 3 6, NP 4 6  (5)

@@ -1,14 +1,17 @@
 """The compiled decoding step (aiayn.inference.compiled) against the eager one.
 
-One compiled decoder per module (compiling costs seconds even for a tiny model); the eager
-:class:`IncrementalDecoder` of the same optimized model is the reference.
+Building a package runs inductor and the C++ compiler, even for a tiny model, so the module
+shares one compiled decoder and its one package (``built``): every test that decodes with it
+keeps two rows per source. Only claims about another package build their own (int8, which is
+also the greedy package). The eager :class:`IncrementalDecoder` of the same optimized model is
+the reference.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,10 +41,26 @@ def _model() -> Transformer:
     return build_model(cfg).eval()
 
 
+Built = tuple[IncrementalDecoder, CompiledDecoder, list[Path]]
+
+
 @pytest.fixture(scope="module")
-def decoders(tmp_path_factory: pytest.TempPathFactory) -> tuple[IncrementalDecoder, CompiledDecoder]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    """The eager decoder, a compiled decoder of the same optimized model over an empty folder,
+    and the packages its first search built: one sentence (a server's first request often
+    is), beam 2, 20 tokens. The tests that share it decode with two rows per source, so that
+    one package serves them all."""
     optimized = optimize_for_inference(_model())
-    return IncrementalDecoder(optimized), CompiledDecoder(optimized, folder=tmp_path_factory.mktemp("packages"))
+    eager = IncrementalDecoder(optimized)
+    compiled = CompiledDecoder(optimized, folder=tmp_path_factory.mktemp("packages"))
+    _one_sentence_search(eager, compiled)
+    return eager, compiled, list(compiled.packages.built)
+
+
+@pytest.fixture
+def decoders(built: Built) -> tuple[IncrementalDecoder, CompiledDecoder]:
+    eager, compiled, _ = built
+    return eager, compiled
 
 
 def _sources() -> torch.Tensor:
@@ -97,7 +116,7 @@ def test_a_missing_compiler_skips_as_a_missing_install(monkeypatch):
 
 def test_beam_search_outputs_equal_the_eager_ones(decoders):
     eager, compiled = decoders
-    cfg = DecodeConfig(beam=3, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=3)
+    cfg = DecodeConfig(beam=2, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=2)
     with torch.inference_mode():
         want, got = search(eager, _sources(), cfg), search(compiled, _sources(), cfg)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
@@ -106,8 +125,8 @@ def test_beam_search_outputs_equal_the_eager_ones(decoders):
     _assert_compiled(compiled)
 
 
-def _search_twice(eager: IncrementalDecoder, compiled: CompiledDecoder) -> None:
-    """Two beam searches whose rows, groups, source length and cache length differ (every
+def _search_twice(eager: IncrementalDecoder, compiled: CompiledDecoder, beam: int = 2) -> None:
+    """Two searches whose rows, groups, source length and cache length differ (every
     sentence runs to the same length, so no batch is left with one sentence, which runs the
     eager step); the compiled decoder's outputs equal the eager one's."""
     g = torch.Generator().manual_seed(2)
@@ -115,22 +134,24 @@ def _search_twice(eager: IncrementalDecoder, compiled: CompiledDecoder) -> None:
     first[:, -1], second[:, -1] = 3, 3
     with torch.inference_mode():
         for src, steps in ((first, 5), (second, 8)):
-            cfg = DecodeConfig(beam=2, lenpen=0.6, min_len=steps, max_len_a=0.0, max_len_b=steps)
+            cfg = DecodeConfig(beam=beam, lenpen=0.6, min_len=steps, max_len_a=0.0, max_len_b=steps)
             want, got = search(eager, src, cfg), search(compiled, src, cfg)
             assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
     _assert_compiled(compiled)
 
 
-def test_one_package_serves_batches_of_other_sizes_and_a_second_decoder_loads_it(decoders, tmp_path):
-    """A size that export fixed instead of leaving symbolic would fail the second search (or
-    build a second package); a decoder over the same weights compiles nothing."""
-    eager, _ = decoders
-    compiled = CompiledDecoder(eager.model, folder=tmp_path)
+def test_one_package_serves_batches_of_other_sizes_and_a_second_decoder_loads_it(built):
+    """A size that export fixed instead of leaving symbolic would fail a search of other sizes
+    (or build a second package); a decoder over the same weights compiles nothing."""
+    eager, compiled, first = built
     _search_twice(eager, compiled)
-    (package,) = compiled.packages.built
+    (package,) = first
+    assert compiled.packages.built == first and compiled.packages.loaded == []
+    folder = compiled.packages.folder
+    assert folder is not None
     # the package and its record (weights' key, SHA-256), no partial file left
-    assert compiled.packages.loaded == [] and sorted(tmp_path.iterdir()) == sorted([package, record_path(package)])
-    again = CompiledDecoder(eager.model, folder=tmp_path)
+    assert sorted(folder.iterdir()) == sorted([package, record_path(package)])
+    again = CompiledDecoder(eager.model, folder=folder)
     _search_twice(eager, again)
     assert again.packages.built == [] and again.packages.loaded == [package]
 
@@ -192,9 +213,12 @@ def test_a_package_is_keyed_by_the_weights_values_and_the_beam():
 
 def test_int8_steps_compile_with_the_same_integer_products(tmp_path):
     """oneDNN's packed int8 weights cannot be exported: the package computes with
-    torch._int_mm over the same int8 weights, and the search's outputs are the same."""
+    torch._int_mm over the same int8 weights, and the search's outputs are the same. Greedy:
+    the package of one row per source (the rows are the source groups) is built here."""
     optimized = optimize_for_inference(_model(), dtype=torch.int8)
-    _search_twice(IncrementalDecoder(optimized), CompiledDecoder(optimized, folder=tmp_path))
+    compiled = CompiledDecoder(optimized, folder=tmp_path)
+    _search_twice(IncrementalDecoder(optimized), compiled, beam=1)
+    assert list(compiled.packages.runners) == [1]
 
 
 def test_steps_that_return_attention_run_the_eager_step_between_compiled_ones(decoders, monkeypatch):
@@ -213,6 +237,7 @@ def test_steps_that_return_attention_run_the_eager_step_between_compiled_ones(de
         monkeypatch.setattr(compiled, "compiled", counted)
     states = [d.init_state(_sources(), 8) for d in decoders]
     tokens = torch.full((3,), 2)
+    beams = torch.tensor([0, 0, 1, 1, 2, 2])  # after the first step: two rows per source
     with torch.inference_mode():
         for position in range(6):
             need_attn = position % 2 == 1
@@ -225,6 +250,9 @@ def test_steps_that_return_attention_run_the_eager_step_between_compiled_ones(de
             else:
                 assert g_attn is None
             tokens = want.argmax(-1)
+            if position == 0:
+                states = [d.reorder(s, beams) for d, s in zip(decoders, states)]
+                tokens = tokens.index_select(0, beams)
     _assert_compiled(compiled)
     assert calls == [2, 4]  # position 0 has no cache to read: the eager step
 
@@ -235,6 +263,8 @@ def test_a_full_cache_is_an_error_not_a_silent_overwrite(decoders):
     tokens = torch.full((3,), 2)
     with torch.inference_mode():
         compiled.step(tokens, state)
+        state = compiled.reorder(state, torch.tensor([0, 0, 1, 1, 2, 2]))  # two rows per source
+        tokens = torch.full((6,), 2)
         compiled.step(tokens, state)
         with pytest.raises(RuntimeError, match="KV cache full: max_len=2"):
             compiled.step(tokens, state)
@@ -319,8 +349,7 @@ def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCapture
 def test_a_package_off_the_cpu_is_refused_before_anything_is_built(tmp_path):
     """Loading a CUDA package of the step crashed the process: other devices get a clear
     error instead (CompiledDecoder then decodes eagerly), and no package is built."""
-    packages = StepPackages(lambda *args: args[0], [], lambda device: contextlib.nullcontext(), tag="t",
-                            folder=tmp_path)
+    packages = StepPackages(lambda *args: args[0], [], folder=tmp_path)
 
     def meta(*shape: int) -> torch.Tensor:
         return torch.empty(shape, device="meta")
@@ -337,23 +366,22 @@ ONE_SENTENCE = torch.tensor([[5, 9, 14, 7, 3]])
 
 def _one_sentence_search(eager: IncrementalDecoder, compiled: CompiledDecoder,
                          src: torch.Tensor = ONE_SENTENCE) -> None:
-    """Beam 4, 20 forced tokens (the buffers grow past their first 16 positions), by default
+    """Beam 2, 20 forced tokens (the buffers grow past their first 16 positions), by default
     over one sentence; the outputs equal the eager ones."""
-    cfg = DecodeConfig(beam=4, lenpen=0.6, min_len=20, max_len_a=0.0, max_len_b=20)
+    cfg = DecodeConfig(beam=2, lenpen=0.6, min_len=20, max_len_a=0.0, max_len_b=20)
     with torch.inference_mode():
         want, got = search(eager, src, cfg), search(compiled, src, cfg)
     assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
 
 
-def test_a_package_built_from_one_sentence_serves_batches_of_several(decoders, tmp_path):
+def test_a_package_built_from_one_sentence_serves_batches_of_several(built):
     """A server's first request is often one sentence: export must not fix the one source
-    group as a constant (the example doubles it), or every later batch would decode eagerly."""
-    eager, _ = decoders
-    compiled = CompiledDecoder(eager.model, folder=tmp_path)
-    _one_sentence_search(eager, compiled)
-    assert compiled.compiled is not None and len(compiled.packages.built) == 1
+    group as a constant (the example doubles it), or every later batch would decode eagerly.
+    The shared decoder's first search, one sentence, built its package."""
+    eager, compiled, first = built
+    assert len(first) == 1
     _one_sentence_search(eager, compiled, _sources())  # three sentences, the same package
-    assert compiled.compiled is not None and len(compiled.packages.built) == 1
+    assert compiled.compiled is not None and compiled.packages.built == first
 
 
 def test_eager_steps_that_grow_the_buffers_keep_the_lineage_table(decoders):

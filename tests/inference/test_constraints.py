@@ -1,4 +1,4 @@
-"""Constrained decoding (aiayn.inference.constraints) in every search: a scripted model that
+"""The tree grammar (aiayn.inference.tree_grammar) in every search: a scripted model that
 "wants" an ill-formed tree gets the best well-formed one (checked against brute force), and
 over random scores every output of beam search, greedy search and sampling is a tree over
 exactly the sentence's words."""
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from aiayn.config import DecodeConfig
 from aiayn.data.trees import as_placeholders, is_well_formed
-from aiayn.inference.constraints import TreeConstraint, TreeVocab
-from aiayn.inference.search import beam_search, greedy_search, length_penalty, sample
+from aiayn.inference.search import SearchInputs, beam_search, greedy_search, length_penalty, sample
+from aiayn.inference.tree_grammar import TreeGrammar, TreeVocab
 from aiayn.vocab import EOS_ID
 
 # ids 0-3: pad, unk, bos, eos; then the tree symbols and one stray word piece.
@@ -37,7 +37,7 @@ class TableModel:
     def init_state(self, src: torch.Tensor, max_steps: int) -> dict:
         return {"t": 0}
 
-    def step(self, tokens: torch.Tensor, state: dict, need_attn: bool = False):
+    def step(self, tokens: torch.Tensor, state: dict, need_attn: bool = False, vocabulary=None):
         t = min(state["t"], self.table.size(0) - 1)
         state["t"] += 1
         return self.table[t].expand(tokens.numel(), -1).clone(), None
@@ -71,7 +71,7 @@ def test_the_model_wants_an_ill_formed_tree_and_gets_the_best_well_formed_one() 
     free = beam_search(model, _src(1, 3), _cfg(max_len_b=7))[0][0]
     assert not is_well_formed(_pieces(free.tokens), 2)
     got = beam_search(model, _src(1, 3), _cfg(beam=16, max_len_b=7),
-                      constraint=TreeConstraint(VOCAB, [2]))[0][0]
+        SearchInputs(constraint=TreeGrammar(VOCAB, [2])))[0][0]
     assert _pieces(got.tokens) == _best_well_formed(lprobs, n_words=2, max_len=7)
     assert math.isfinite(got.score)
 
@@ -105,7 +105,7 @@ def test_every_output_is_a_tree_over_the_words(seed: int, n_words: list[int], be
     cfg = _cfg(beam=beam, max_len_b=max_len, nbest=beam if how != "greedy" else 1, sampling=how == "sample",
                seed=seed % 1000)
     search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
-    out = search(model, _src(len(n_words), 3), cfg, constraint=TreeConstraint(VOCAB, n_words))
+    out = search(model, _src(len(n_words), 3), cfg, SearchInputs(constraint=TreeGrammar(VOCAB, n_words)))
     assert len(out) == len(n_words)
     for hyps, n in zip(out, n_words):
         assert hyps, "a sentence lost every hypothesis: some row had no legal token"
@@ -131,7 +131,7 @@ def test_a_target_that_spells_its_words_gets_exactly_those_words(seed: int, sent
     ids = [[PIECES.index(w) for w in words] for words in sentences]
     search = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
     out = search(TableModel(table), _src(len(ids), 3), cfg,
-                 constraint=TreeConstraint(VOCAB, [len(w) for w in ids], word_ids=ids, any_word=any_word))
+        SearchInputs(constraint=TreeGrammar(VOCAB, [len(w) for w in ids], word_ids=ids, any_word=any_word)))
     for hyps, words in zip(out, sentences):
         assert hyps
         for h in hyps:
@@ -159,7 +159,7 @@ def test_any_word_scores_a_given_word_by_the_belief_that_a_word_comes_next() -> 
 
     def best(any_word: bool) -> list[str]:
         out = greedy_search(model, _src(1, 3), _cfg(beam=1, max_len_b=5),
-                            constraint=TreeConstraint(vocab, [1], word_ids=dog, any_word=any_word))
+            SearchInputs(constraint=TreeGrammar(vocab, [1], word_ids=dog, any_word=any_word)))
         return [pieces[i] for i in out[0][0].tokens if i != EOS_ID]
 
     assert best(any_word=True) == ["(S", "dog", ")S"]
@@ -168,7 +168,7 @@ def test_any_word_scores_a_given_word_by_the_belief_that_a_word_comes_next() -> 
 
 def test_word_ids_must_match_the_word_counts() -> None:
     with pytest.raises(ValueError, match="one id per word"):
-        TreeConstraint(VOCAB, [2], word_ids=[[9]])
+        TreeGrammar(VOCAB, [2], word_ids=[[9]])
 
 
 def test_a_best_output_that_is_already_a_tree_is_kept_with_its_score() -> None:
@@ -180,12 +180,12 @@ def test_a_best_output_that_is_already_a_tree_is_kept_with_its_score() -> None:
         table[t, PIECES.index(piece)] = 0.0
     model = TableModel(table.log_softmax(-1))
     free = beam_search(model, _src(2, 3), _cfg())
-    tree = beam_search(model, _src(2, 3), _cfg(), constraint=TreeConstraint(VOCAB, [1, 1]))
+    tree = beam_search(model, _src(2, 3), _cfg(), SearchInputs(constraint=TreeGrammar(VOCAB, [1, 1])))
     assert [_pieces(s[0].tokens) for s in free] == [["(S", "XX", ")S"]] * 2
     assert [(s[0].tokens, s[0].score) for s in tree] == [(s[0].tokens, s[0].score) for s in free]
     # Below the best, the unconstrained n-best holds ill-formed outputs; the constrained, none.
     free_nbest = beam_search(model, _src(1, 3), _cfg(nbest=4))[0]
-    tree_nbest = beam_search(model, _src(1, 3), _cfg(nbest=4), constraint=TreeConstraint(VOCAB, [1]))[0]
+    tree_nbest = beam_search(model, _src(1, 3), _cfg(nbest=4), SearchInputs(constraint=TreeGrammar(VOCAB, [1])))[0]
     assert [is_well_formed(_pieces(h.tokens), 1) for h in free_nbest] == [True, False, False, False]
     assert all(is_well_formed(_pieces(h.tokens), 1) for h in tree_nbest)
 
@@ -195,7 +195,7 @@ def test_the_length_bound_leaves_room_to_finish() -> None:
     table = torch.full((8, len(PIECES)), -5.0)
     table[:, PIECES.index("(NP")] = -0.01
     out = beam_search(TableModel(table.log_softmax(-1)), _src(1, 3), _cfg(beam=3, max_len_b=5),
-                      constraint=TreeConstraint(VOCAB, [3]))[0]
+        SearchInputs(constraint=TreeGrammar(VOCAB, [3])))[0]
     assert _pieces(out[0].tokens) in (["(S", "XX", "XX", "XX", ")S"], ["(NP", "XX", "XX", "XX", ")NP"])
     assert length_penalty(6.0, 0.0) == 1.0
 
@@ -206,7 +206,7 @@ def test_a_vocabulary_without_tree_symbols_is_refused() -> None:
 
 
 def test_parser_with_the_constraint_repairs_nothing(parsing_checkpoint_for_constraints: Path) -> None:
-    from aiayn.inference.parsing import Parser
+    from aiayn.inference.parser import Parser
 
     parser = Parser.from_checkpoint(parsing_checkpoint_for_constraints)
     sentences = ["Ms. Haag plays Elianti .", "The cat sat on the mat .", "He said it rained .", "a man"]
@@ -243,7 +243,7 @@ def parsing_checkpoint_for_constraints(tmp_path_factory: pytest.TempPathFactory)
 
 
 def test_a_dead_row_extended_by_illegal_tokens_keeps_a_valid_state() -> None:
-    state = TreeConstraint(VOCAB, [2], max_depth=3).start(torch.tensor([0]), torch.tensor([10]))
+    state = TreeGrammar(VOCAB, [2], max_depth=3).start(torch.tensor([0]), torch.tensor([10]))
     close = torch.tensor([PIECES.index(")S")])
     for _ in range(10):  # closings with nothing open: what a dead beam may be extended by
         state.advance(close)
@@ -276,22 +276,22 @@ def test_a_vocabulary_without_every_tree_symbol_is_refused(pieces: list[str]) ->
 
 def test_word_ids_error_message() -> None:
     with pytest.raises(ValueError, match=r"^word_ids must hold one id per word of each sentence$"):
-        TreeConstraint(VOCAB, [1, 2], word_ids=[[9], [9]])
+        TreeGrammar(VOCAB, [1, 2], word_ids=[[9], [9]])
 
 
 def test_slots_hold_each_sentences_words_and_a_spare_placeholder_column() -> None:
-    assert torch.equal(TreeConstraint(VOCAB, [2, 1]).slots, torch.tensor([[4, 4, 4], [4, 4, 4]]))
-    spelled = TreeConstraint(VOCAB, [2, 1], word_ids=[[9, 4], [9]])
+    assert torch.equal(TreeGrammar(VOCAB, [2, 1]).slots, torch.tensor([[4, 4, 4], [4, 4, 4]]))
+    spelled = TreeGrammar(VOCAB, [2, 1], word_ids=[[9, 4], [9]])
     assert torch.equal(spelled.slots, torch.tensor([[9, 4, 4], [9, 4, 4]]))
     assert torch.equal(spelled.n_words, torch.tensor([2, 1]))
-    empty = TreeConstraint(VOCAB, [])
+    empty = TreeGrammar(VOCAB, [])
     assert empty.n_words.dtype == empty.slots.dtype == torch.long
     assert empty.n_words.tolist() == [] and empty.slots.tolist() == [] and empty.slots.shape == (0, 1)
 
 
 def _legal(n_words: int, prefix: list[str], max_len: int = 40, **kw) -> dict[str, float]:
     """The tokens left legal (with their scores) after ``prefix`` was advanced, token by token."""
-    state = TreeConstraint(VOCAB, [n_words], **kw).start(torch.tensor([0]), torch.tensor([max_len]))
+    state = TreeGrammar(VOCAB, [n_words], **kw).start(torch.tensor([0]), torch.tensor([max_len]))
     for piece in prefix:
         state.advance(torch.tensor([PIECES.index(piece)]))
     lprobs = (-torch.arange(1.0, len(PIECES) + 1))[None].log_softmax(-1)
@@ -336,7 +336,7 @@ def test_a_spelled_word_is_scored_by_its_own_probability_unless_any_word() -> No
 def test_any_word_with_unnormalised_scores_keeps_the_word_score() -> None:
     # Scores that are not log-probabilities (the symbols' mass above 1): the word mass
     # 1 - exp(rest) is clamped at 0, so the word keeps its own score (no NaN).
-    state = TreeConstraint(VOCAB, [1], word_ids=[[9]], any_word=True).start(torch.tensor([0]), torch.tensor([9]))
+    state = TreeGrammar(VOCAB, [1], word_ids=[[9]], any_word=True).start(torch.tensor([0]), torch.tensor([9]))
     state.advance(torch.tensor([PIECES.index("(S")]))
     lprobs = torch.zeros(1, len(PIECES))
     state.mask(lprobs, 1)
@@ -346,14 +346,14 @@ def test_any_word_with_unnormalised_scores_keeps_the_word_score() -> None:
 def test_the_state_lives_on_max_len_s_device() -> None:
     # "meta" stands for an accelerator. (Only start: the first mask or advance on "meta" imports
     # torch._dynamo, seconds.)
-    con = TreeConstraint(VOCAB, [2, 1], word_ids=[[9, 4], [9]], any_word=True)
+    con = TreeGrammar(VOCAB, [2, 1], word_ids=[[9, 4], [9]], any_word=True)
     state = con.start(torch.tensor([0, 1]), torch.tensor([10, 10], device="meta"))
     devices = {name: v.device.type for name, v in vars(state).items() if isinstance(v, torch.Tensor)}
     assert len(devices) == 13 and set(devices.values()) == {"meta"}, devices
 
 
 def test_the_state_ignores_the_default_device() -> None:
-    con = TreeConstraint(VOCAB, [2], any_word=True)
+    con = TreeGrammar(VOCAB, [2], any_word=True)
     sent, max_len = torch.tensor([0]), torch.tensor([8])
     tokens = [torch.tensor([PIECES.index(p)]) for p in ["(S", "(NP", "XX", ")NP", "XX"]]
     lprobs = torch.zeros(1, len(PIECES))

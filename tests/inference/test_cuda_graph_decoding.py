@@ -13,7 +13,7 @@ import torch
 
 from aiayn.inference.cuda_graphs import CudaGraphDecoder, StaticKVCache
 from aiayn.inference.translator import Translator
-from aiayn.runtime import cuda_native_bf16
+from aiayn.runtime.devices import cuda_native_bf16
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="platform: no CUDA device")]
 

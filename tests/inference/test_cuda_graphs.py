@@ -191,14 +191,14 @@ def test_a_failed_recording_warns_once_and_decodes_eagerly(caplog: pytest.LogCap
                         "is capturing); decoding eagerly"]
 
 
-def test_autocast_steps_equal_the_eager_autocast_steps() -> None:
-    """bf16 autocast (the translator's bf16 mode) through the graph's precision context."""
+def test_bf16_steps_equal_the_eager_bf16_steps() -> None:
+    """bf16 weights (the translator's bf16 mode) through the graphs."""
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4,
                       n_encoder_layers=1, n_decoder_layers=2, max_positions=64)
-    optimized = optimize_for_inference(build_model(cfg).eval())
-    eager = IncrementalDecoder(optimized, autocast=torch.bfloat16)
-    graphs = CudaGraphDecoder(optimized, autocast=torch.bfloat16, capture=EagerCapture())
+    optimized = optimize_for_inference(build_model(cfg).eval(), dtype=torch.bfloat16)
+    eager = IncrementalDecoder(optimized)
+    graphs = CudaGraphDecoder(optimized, capture=EagerCapture())
     src = _sources(2, 6, seed=9)
     states = [d.init_state(src, 8) for d in (eager, graphs)]
     tokens = torch.full((2,), 2)
@@ -216,10 +216,12 @@ def test_compiled_decoding_on_a_gpu_selects_graphs_and_auto_uses_them(tiny_check
     from aiayn.inference.translator import Translator
 
     translator = Translator.from_checkpoint(tiny_checkpoint, device="cpu", dtype="fp32")
-    assert type(translator._decoder(compiled=True)) is CompiledDecoder
+    engine = translator.engine
+    assert type(engine.compiled_decoder()) is CompiledDecoder
     assert not translator.compile_pays(cuda_graphs.MIN_GRAPH_LINES)  # the CPU's estimate: a tiny model, no
-    monkeypatch.setattr(translator, "device", torch.device("cuda", 0))
-    assert type(translator._decoder(compiled=True)) is CudaGraphDecoder
-    assert type(translator._decoder(compiled=False)) is IncrementalDecoder
+    monkeypatch.setattr(engine, "device", torch.device("cuda", 0))
+    monkeypatch.setattr(engine, "_compiled", None)
+    assert type(engine.compiled_decoder()) is CudaGraphDecoder
+    assert type(engine.decoder) is IncrementalDecoder
     assert translator.compile_pays(cuda_graphs.MIN_GRAPH_LINES)
     assert not translator.compile_pays(1) and not translator.compile_pays(None)  # a stream

@@ -12,9 +12,9 @@ import torch
 
 from aiayn.config import Config, DecodeConfig, model_preset
 from aiayn.data.trees import linearize, parse_tree, tree_to_string
-from aiayn.inference.parsing import Parser
+from aiayn.inference.parser import Parser
 from aiayn.inference.translator import Translator
-from aiayn.runtime import cuda_native_bf16
+from aiayn.runtime.devices import cuda_native_bf16
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="platform: no CUDA device")]
 

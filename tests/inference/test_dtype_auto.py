@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.runtime import DTYPE_ENV
+from aiayn.runtime.precision import DTYPE_ENV
 
 # A CPU with bf16 units, under a torch without oneDNN's int8 kernel: auto -> bf16, which runs
 # on every CPU (emulated where there are no bf16 units), so these tests run anywhere.
@@ -18,11 +18,11 @@ LINE = "dtype auto -> bf16 (AVX-512 BF16)"
 @pytest.fixture
 def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """Auto as it chooses on a machine with ``BF16_CPU``'s flags, no precision pinned."""
-    from aiayn import runtime
+    from aiayn.runtime import cpu
 
     monkeypatch.delenv(DTYPE_ENV, raising=False)
-    monkeypatch.setattr(runtime, "cpu_flags", lambda: BF16_CPU)
-    monkeypatch.setattr(runtime, "onednn_int8", lambda: False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: BF16_CPU)
+    monkeypatch.setattr(cpu, "onednn_int8", lambda: False)
 
 
 def test_from_checkpoint_defaults_to_auto(tiny_checkpoint: Path, english: list[str], bf16_cpu) -> None:

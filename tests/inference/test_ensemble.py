@@ -14,7 +14,7 @@ from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
 from aiayn.config import DecodeConfig
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.inference.adapters import EnsembleDecoder
-from aiayn.inference.search import search
+from aiayn.inference.search import SearchInputs, search
 from aiayn.inference.translator import Translator
 from aiayn.model import build_model
 from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID
@@ -39,7 +39,7 @@ class TableModel:
         self.width = src.size(1)
         return [() for _ in range(src.size(0))]
 
-    def step(self, tokens: torch.Tensor, state: list[tuple[int, ...]], need_attn: bool = False):
+    def step(self, tokens: torch.Tensor, state: list[tuple[int, ...]], need_attn: bool = False, vocabulary=None):
         out = torch.full((tokens.numel(), VOCAB), float("-inf"))
         for r, tok in enumerate(tokens.tolist()):
             if tok != BOS_ID:
@@ -65,7 +65,7 @@ def _src() -> torch.Tensor:
 
 def _greedy(model) -> tuple[list[int], float]:
     hyp = search(model, _src(), DecodeConfig(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=5),
-                 pad=PAD_ID, bos=BOS_ID, eos=EOS_ID)[0][0]
+        SearchInputs(pad=PAD_ID, bos=BOS_ID, eos=EOS_ID))[0][0]
     return hyp.tokens, hyp.log_prob
 
 
@@ -76,9 +76,9 @@ def test_each_step_searches_the_mean_of_the_members_probabilities() -> None:
     assert tokens == [B]
     assert log_prob == pytest.approx(math.log(0.45) + math.log((0.9 + 0.7) / 2), abs=1e-6)
     # Beam search over the same ensemble finds the same best path and scores it alike.
-    beam = search(EnsembleDecoder([TableModel(LEFT), TableModel(RIGHT)]), _src(),
-                  DecodeConfig(beam=3, lenpen=0.0, max_len_a=0.0, max_len_b=5, nbest=3),
-                  pad=PAD_ID, bos=BOS_ID, eos=EOS_ID)[0]
+    cfg = DecodeConfig(beam=3, lenpen=0.0, max_len_a=0.0, max_len_b=5, nbest=3)
+    beam = search(EnsembleDecoder([TableModel(LEFT), TableModel(RIGHT)]), _src(), cfg,
+                  SearchInputs(pad=PAD_ID, bos=BOS_ID, eos=EOS_ID))[0]
     assert beam[0].tokens == [B] and beam[0].log_prob == pytest.approx(log_prob, abs=1e-6)
     assert {tuple(h.tokens) for h in beam} == {(B,), (A,), (C,)}
     # [A]: (0.5 + 0.05) / 2, then EOS with probability 1 in both tables.
@@ -114,7 +114,7 @@ def test_attention_is_the_members_mean_and_needs_equal_shapes() -> None:
     assert none is None
 
     class TwoHeads(TableModel):
-        def step(self, tokens, state, need_attn=False):
+        def step(self, tokens, state, need_attn=False, vocabulary=None):
             out, attn = super().step(tokens, state, need_attn)
             return out, (attn.expand(-1, -1, 2, -1) if attn is not None else None)
 

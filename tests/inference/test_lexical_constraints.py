@@ -1,7 +1,8 @@
-"""Lexical constraints in the search, against scripted models whose probabilities are fixed:
-the best hypothesis meeting the constraints is the one an enumeration of every output finds,
-every output of every search contains its phrases and none of its excluded ones, and beam
-search keeps hypotheses that met more of their phrases (dynamic beam allocation)."""
+"""Phrase constraints (aiayn.inference.phrase_constraints) in the search, against scripted
+models whose probabilities are fixed: the best hypothesis meeting the constraints is the one
+an enumeration of every output finds, every output of every search contains its phrases and
+none of its excluded ones, and beam search keeps hypotheses that met more of their phrases
+(dynamic beam allocation)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,17 @@ from hypothesis import strategies as st
 from tests.inference.test_search import ScriptedModel, _src
 
 from aiayn.config import DecodeConfig
-from aiayn.inference.constraints import LexicalConstraint
-from aiayn.inference.search import EOS_ID, _Beams, beam_search, greedy_search, length_penalty, sample, search
+from aiayn.inference.phrase_constraints import PhraseConstraint
+from aiayn.inference.search import (
+    EOS_ID,
+    SearchInputs,
+    _Beams,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    sample,
+    search,
+)
 
 TOKENS = (4, 5, 6, 7, 8, 9)  # 0-3 are PAD, UNK, BOS, EOS
 VOCAB = 10
@@ -85,8 +95,8 @@ def test_a_beam_as_wide_as_every_output_finds_the_best_constrained_one(seed: int
     # dropped, so the search must find exactly what the enumeration finds.
     cfg = DecodeConfig(beam=400, lenpen=lenpen, max_len_a=0.0, max_len_b=4, nbest=1)
     sents = [0, 1]
-    con = LexicalConstraint([include] * 2, [exclude] * 2, eos=EOS_ID)
-    got = beam_search(ScriptedModel(table, vocab=VOCAB), _src(*sents), cfg, constraint=con)
+    con = PhraseConstraint([include] * 2, [exclude] * 2, eos=EOS_ID)
+    got = beam_search(ScriptedModel(table, vocab=VOCAB), _src(*sents), cfg, SearchInputs(constraint=con))
     for sent, hyps in zip(sents, got):
         best = brute_force(table, sent, cfg, include, exclude, tokens)
         assert best is not None
@@ -112,7 +122,7 @@ def test_beam_two_finds_the_best_constrained_output_that_plain_beam_search_loses
     cfg = DecodeConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=4, nbest=1)
     include = [[6, 7]]
     hyp = beam_search(ScriptedModel(lookup, vocab=VOCAB), _src(0), cfg,
-                      constraint=LexicalConstraint([include], eos=EOS_ID))[0][0]
+        SearchInputs(constraint=PhraseConstraint([include], eos=EOS_ID)))[0][0]
     best = brute_force(lookup, 0, cfg, include, [], (4, 5, 6, 7))
     assert best is not None and tuple(hyp.tokens) == best[0] == (6, 7)
 
@@ -133,7 +143,7 @@ def test_a_hypothesis_that_met_every_phrase_ends_among_its_own_bank() -> None:
 
     cfg = DecodeConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=4, nbest=1)
     hyps = beam_search(ScriptedModel(lookup, vocab=VOCAB), _src(0), cfg,
-                       constraint=LexicalConstraint([[[6]]], eos=EOS_ID))[0]
+        SearchInputs(constraint=PhraseConstraint([[[6]]], eos=EOS_ID)))[0]
     best = brute_force(lookup, 0, cfg, [[6]], [], (4, 5, 6))
     assert best is not None and best[0] == (6,)
     assert tuple(hyps[0].tokens) == (6,)
@@ -160,7 +170,7 @@ def test_complete_ranks_the_continuations_of_the_rows_that_met_every_token() -> 
 def test_allocation_keeps_a_slot_for_each_bank() -> None:
     """Banks by tokens met: with a two-token phrase there are three banks; beam 3 gives each
     one slot, so the candidates that advanced the phrase stay even when worse."""
-    con = LexicalConstraint([[[6, 7]]], eos=EOS_ID)
+    con = PhraseConstraint([[[6, 7]]], eos=EOS_ID)
     state = con.start(torch.tensor([0, 0, 0]), torch.tensor([9, 9, 9]))
     state.advance(torch.tensor([6, 4, 5]))  # row 0 has met one token of the phrase
     lprobs = torch.full((3, VOCAB), -20.0)
@@ -179,7 +189,7 @@ def test_allocation_keeps_a_slot_for_each_bank() -> None:
 
 
 def test_met_tokens_counts_the_met_phrases_and_the_progress_that_met_after_predicts() -> None:
-    con = LexicalConstraint([[[6, 7], [5]], []], eos=EOS_ID)
+    con = PhraseConstraint([[[6, 7], [5]], []], eos=EOS_ID)
     state = con.start(torch.tensor([0, 0, 0, 1]), torch.tensor([9, 9, 9, 9]))
     assert state.met_tokens().tolist() == [0, 0, 0, 0]
     met = []
@@ -196,7 +206,7 @@ def test_met_tokens_counts_the_met_phrases_and_the_progress_that_met_after_predi
 def test_eos_waits_for_every_phrase_and_the_bound_forces_them_in() -> None:
     """A model that wants to stop at once still writes the phrases, just before the bound.
 
-    The rule (LexicalConstraint): EOS is masked until every phrase has appeared; once the
+    The rule (PhraseConstraint): EOS is masked until every phrase has appeared; once the
     unmet phrases written whole (2 + 1 tokens) no longer fit in the tokens left after this one
     (max_len - t - 1), only the tokens that bring a phrase further are kept. So: t=0 (4 left)
     and t=1 (3 left) write the likeliest token, 4; at t=2 (2 left) only 5 is kept, at t=3 6
@@ -205,8 +215,8 @@ def test_eos_waits_for_every_phrase_and_the_bound_forces_them_in() -> None:
         return {EOS_ID: 0.9, 4: 0.05, 5: 0.03, 6: 0.02}
 
     cfg = DecodeConfig(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=5, nbest=1)
-    con = LexicalConstraint([[[5, 6], [6]]], eos=EOS_ID)
-    hyp = greedy_search(ScriptedModel(stop, vocab=VOCAB), _src(0), cfg, constraint=con)[0][0]
+    con = PhraseConstraint([[[5, 6], [6]]], eos=EOS_ID)
+    hyp = greedy_search(ScriptedModel(stop, vocab=VOCAB), _src(0), cfg, SearchInputs(constraint=con))[0][0]
     assert hyp.tokens == [4, 4, 5, 6]
     assert hyp.log_prob == pytest.approx(math.log(0.05 ** 2 * 0.03 * 0.02 * 0.9), rel=1e-6)
     # An output the enumeration accepts (the likeliest one is shorter: greedy does not look ahead).
@@ -217,8 +227,8 @@ def test_eos_waits_for_every_phrase_and_the_bound_forces_them_in() -> None:
 
 def test_no_output_when_the_phrases_do_not_fit_the_bound() -> None:
     cfg = DecodeConfig(beam=2, lenpen=0.0, max_len_a=0.0, max_len_b=2, nbest=1)
-    con = LexicalConstraint([[[4, 5, 6]]], eos=EOS_ID)
-    assert beam_search(ScriptedModel(random_table(0), vocab=VOCAB), _src(0), cfg, constraint=con) == [[]]
+    con = PhraseConstraint([[[4, 5, 6]]], eos=EOS_ID)
+    assert beam_search(ScriptedModel(random_table(0), vocab=VOCAB), _src(0), cfg, SearchInputs(constraint=con)) == [[]]
 
 
 def test_excluded_one_token_phrase_never_appears() -> None:
@@ -228,8 +238,8 @@ def test_excluded_one_token_phrase_never_appears() -> None:
         return {4: 0.9, 5: 0.05, EOS_ID: 0.05}
 
     cfg = DecodeConfig(beam=3, lenpen=0.6, max_len_a=0.0, max_len_b=4, nbest=3)
-    con = LexicalConstraint([[]], [[[4]]], eos=EOS_ID)
-    hyps = beam_search(ScriptedModel(fours, vocab=VOCAB), _src(0), cfg, constraint=con)[0]
+    con = PhraseConstraint([[]], [[[4]]], eos=EOS_ID)
+    hyps = beam_search(ScriptedModel(fours, vocab=VOCAB), _src(0), cfg, SearchInputs(constraint=con))[0]
     want = ranked_outputs(fours, 0, cfg, [], [[4]], (4, 5))[:3]
     assert [tuple(h.tokens) for h in hyps] == [seq for seq, _ in want] == [(), (5,), (5, 5)]
     assert [h.score for h in hyps] == pytest.approx([score for _, score in want], rel=1e-6)
@@ -252,11 +262,11 @@ def test_every_output_has_every_phrase_and_no_excluded_one(seed: int, includes, 
                        sampling=how == "sample", seed=seed)
     if how == "greedy":
         cfg = DecodeConfig(beam=1, lenpen=0.6, max_len_a=0.0, max_len_b=longest + extra, nbest=1)
-    con = LexicalConstraint(includes, excludes, eos=EOS_ID)
+    con = PhraseConstraint(includes, excludes, eos=EOS_ID)
     searcher = {"beam": beam_search, "greedy": greedy_search, "sample": sample}[how]
     if how == "beam" and beam == 1:
         searcher = search
-    got = searcher(ScriptedModel(random_table(seed), vocab=VOCAB), _src(*range(n)), cfg, constraint=con)
+    got = searcher(ScriptedModel(random_table(seed), vocab=VOCAB), _src(*range(n)), cfg, SearchInputs(constraint=con))
     for inc, exc, hyps in zip(includes, excludes, got):
         assert hyps, "every sentence gets an output: its phrases fit the bound"
         for hyp in hyps:
@@ -269,7 +279,7 @@ def test_every_output_has_every_phrase_and_no_excluded_one(seed: int, includes, 
 # ------------------------------------------------- exact values: padding, state, masks, banks
 
 def test_pad_phrases_exact_ids_lengths_and_dtypes() -> None:
-    from aiayn.inference.constraints import _pad_phrases
+    from aiayn.inference.phrase_constraints import _pad_phrases
 
     ids, lengths = _pad_phrases([[[5, 6, 7], [8]], [[9]]])
     assert ids.dtype == lengths.dtype == torch.long
@@ -289,19 +299,19 @@ def test_pad_phrases_exact_ids_lengths_and_dtypes() -> None:
 
 
 def test_lexical_constraint_defaults_to_eos_3_and_refuses_unequal_lists() -> None:
-    state = LexicalConstraint([[[5]]]).start(torch.tensor([0]), torch.tensor([9]))
+    state = PhraseConstraint([[[5]]]).start(torch.tensor([0]), torch.tensor([9]))
     lprobs = torch.zeros(1, 6)
     state.mask(lprobs, 0)
     assert lprobs.tolist() == [[0.0, 0.0, 0.0, -math.inf, 0.0, 0.0]]
     with pytest.raises(ValueError, match=r"^2 sentences of include phrases, 1 of exclude phrases$"):
-        LexicalConstraint([[[5]], [[6]]], [[[7]]])
+        PhraseConstraint([[[5]], [[6]]], [[[7]]])
 
 
 def test_state_tensors_follow_the_device_of_max_len() -> None:
     """The meta device (shapes only) shows where each tensor is made, on a machine without GPU."""
-    from aiayn.inference.constraints import _suffix_matches
+    from aiayn.inference.phrase_constraints import _suffix_matches
 
-    con = LexicalConstraint([[[5, 6]]], [[[7, 8, 9]]], eos=EOS_ID)
+    con = PhraseConstraint([[[5, 6]]], [[[7, 8, 9]]], eos=EOS_ID)
     state = con.start(torch.tensor([0, 0]), torch.tensor([5, 5], device="meta"))
     for name in ("include", "include_len", "exclude", "exclude_len", "max_len", "recent", "met", "progress"):
         assert getattr(state, name).device.type == "meta", name
@@ -309,16 +319,16 @@ def test_state_tensors_follow_the_device_of_max_len() -> None:
 
 
 def test_suffix_matches_exact() -> None:
-    from aiayn.inference.constraints import _suffix_matches
+    from aiayn.inference.phrase_constraints import _suffix_matches
 
     out = _suffix_matches(torch.tensor([[-1, 5]]), torch.tensor([[[5, 6], [9, 5]]]), 2)
     assert [m.tolist() for m in out] == [[[True, True]], [[True, False]], [[False, False]]]
 
 
 def test_state_keeps_the_last_tokens_as_wide_as_the_longest_phrase() -> None:
-    from aiayn.inference.constraints import LexicalState
+    from aiayn.inference.phrase_constraints import PhraseState
 
-    state = LexicalConstraint([[[5]]], [[[7, 8, 9]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
+    state = PhraseConstraint([[[5]]], [[[7, 8, 9]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
     assert state.recent.tolist() == [[-1, -1, -1]]
     state.advance(torch.tensor([7]))
     state.advance(torch.tensor([8]))
@@ -326,22 +336,22 @@ def test_state_keeps_the_last_tokens_as_wide_as_the_longest_phrase() -> None:
     lprobs = torch.zeros(1, VOCAB)
     state.mask(lprobs, 2)
     assert [i for i, v in enumerate(lprobs[0].tolist()) if v == -math.inf] == [EOS_ID, 9]
-    state = LexicalConstraint([[[5]]], [[[7]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
+    state = PhraseConstraint([[[5]]], [[[7]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
     assert state.recent.tolist() == [[-1]]
     none, no_len = torch.zeros(1, 0, 0, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long)
-    empty = LexicalState(none, no_len, none, no_len, torch.tensor([4]), EOS_ID)
+    empty = PhraseState(none, no_len, none, no_len, torch.tensor([4]), EOS_ID)
     assert empty.recent.tolist() == [[-1]]
 
 
 def test_progress_counts_toward_the_tokens_met() -> None:
-    state = LexicalConstraint([[[5, 6, 7]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
+    state = PhraseConstraint([[[5, 6, 7]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([9]))
     state.advance(torch.tensor([5]))
     assert state._need().tolist() == [2]
     assert state.met_tokens().tolist() == [1]
 
 
 def test_next_tokens_exact() -> None:
-    state = LexicalConstraint([[[5, 6], [8]]], eos=EOS_ID).start(torch.tensor([0, 0]), torch.tensor([9, 9]))
+    state = PhraseConstraint([[[5, 6], [8]]], eos=EOS_ID).start(torch.tensor([0, 0]), torch.tensor([9, 9]))
     assert state.next_tokens().tolist() == [[5, -1, 8, -1]] * 2
     state.advance(torch.tensor([5, 4]))
     assert state.next_tokens().tolist() == [[5, 6, 8, -1], [5, -1, 8, -1]]
@@ -352,13 +362,13 @@ def test_next_tokens_exact() -> None:
 
 def test_forced_mask_keeps_exactly_the_tokens_that_still_fit() -> None:
     # Room for two more tokens, three unmet: only 1 (meets [1]) and 4 (starts [4, 5]) fit.
-    state = LexicalConstraint([[[1], [4, 5]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([3]))
+    state = PhraseConstraint([[[1], [4, 5]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([3]))
     lprobs = -torch.arange(1.0, 11.0, dtype=torch.float64)[None]
     state.mask(lprobs, 0)
     assert lprobs.dtype == torch.float64
     assert lprobs.tolist() == [[-math.inf, -2.0] + [-math.inf] * 2 + [-5.0] + [-math.inf] * 5]
     # A phrase of token 0 is forced like any other.
-    state = LexicalConstraint([[[0]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([1]))
+    state = PhraseConstraint([[[0]]], eos=EOS_ID).start(torch.tensor([0]), torch.tensor([1]))
     lprobs = -torch.arange(1.0, 7.0)[None]
     state.mask(lprobs, 0)
     assert lprobs.tolist() == [[-1.0] + [-math.inf] * 5]

@@ -49,15 +49,15 @@ def test_translate_interrupted_leaves_the_old_output(tiny_checkpoint, source, ca
     out = tmp_path / "out.de"
     out.write_text("previous translation\n", encoding="utf-8")
     calls = []
-    real = Translator.translate_detailed
+    real = Translator.run
 
-    def dying(self, texts, *args, **kwargs):
-        calls.append(len(texts))
+    def dying(self, request, *args, **kwargs):
+        calls.append(len(request.texts))
         if len(calls) > 1:
             raise KeyboardInterrupt
-        return real(self, texts, *args, **kwargs)
+        return real(self, request, *args, **kwargs)
 
-    monkeypatch.setattr(Translator, "translate_detailed", dying)
+    monkeypatch.setattr(Translator, "run", dying)
     monkeypatch.setattr(sys, "stdin", open(source, encoding="utf-8"))  # noqa: SIM115 - closed by pytest
     code, err = _run(["translate", "--checkpoint", str(tiny_checkpoint), "-o", str(out), "--buffer-size", "2"], capsys)
     assert code == 130 and "interrupted" in err

@@ -1,4 +1,4 @@
-"""Parsing as decoding (aiayn.inference.parsing, `aiayn parse`): every prediction becomes a
+"""Parsing as decoding (aiayn.inference.parser, `aiayn parse`): every prediction becomes a
 valid tree over the input words, repairs are counted, and gold linearizations score 100 F1."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 from aiayn.cli.main import main
 from aiayn.config import Config, DecodeConfig, load_config, model_preset
 from aiayn.data.trees import is_well_formed, linearize, parse_tree, tree_to_string
-from aiayn.evaluation.parsing import OK, score_sentence
-from aiayn.inference.parsing import (
+from aiayn.evaluation.evalb import OK, score_sentence
+from aiayn.inference.parser import (
     PARSING_DECODE,
     Parser,
     ParseResult,
@@ -72,11 +72,13 @@ class FakeTranslator:
     def decode_config(self, **overrides: object) -> DecodeConfig:
         return DecodeConfig(**{k: v for k, v in overrides.items() if v is not None})
 
-    def translate_detailed(self, texts: list[str], nbest: int = 1, progress=None, **settings: object) -> list:
-        from aiayn.inference.translator import Hypothesis, TranslationResult
+    def run(self, request) -> list:
+        from aiayn.inference.results import Hypothesis, TranslationResult
 
-        self.seen, self.settings = list(texts), settings
-        return [TranslationResult(t, [Hypothesis(self.outputs.get(t, ""), [], 0.0, [], [])]) for t in texts]
+        cfg = request.decode
+        self.seen = list(request.texts)
+        self.settings = {"beam": cfg.beam, "lenpen": cfg.lenpen, "max_len_a": cfg.max_len_a, "max_len_b": cfg.max_len_b}
+        return [TranslationResult(t, [Hypothesis(self.outputs.get(t, ""), [], 0.0, [], [])]) for t in request.texts]
 
 
 def _assert_valid(result: ParseResult) -> None:

@@ -16,6 +16,7 @@ from aiayn.inference.search import (
     EOS_ID,
     PAD_ID,
     SearchHypothesis,
+    SearchInputs,
     _filter_top_k_top_p,
     _FinishedHypotheses,
     _prefix_tensor,
@@ -63,7 +64,7 @@ class ScriptedModel:
         self.src_width = src.size(1)
         return _State([int(x) - 100 for x in src[:, 0]], [() for _ in range(src.size(0))])
 
-    def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False):
+    def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False, vocabulary=None):
         self.steps += 1
         self.rows_seen.append(tokens.numel())
         toks = tokens.tolist()
@@ -237,13 +238,13 @@ def test_finished_sentences_leave_the_batch() -> None:
 
 def test_forced_prefix() -> None:
     # Force B first, then continue freely: B.A.EOS (.3*.5*.9).
-    [[hyp]] = beam_search(ScriptedModel(table0), _src(0), _cfg(), prefix=[[B]])
+    [[hyp]] = beam_search(ScriptedModel(table0), _src(0), _cfg(), SearchInputs(prefix=[[B]]))
     assert hyp.tokens == [B, A]
     assert hyp.log_prob == pytest.approx(math.log(0.3 * 0.5 * 0.9))
     # A prefix the model gives probability 0 (C) is still followed.
-    [[hyp]] = beam_search(ScriptedModel(table0), _src(0), _cfg(), prefix=[[C, C]])
+    [[hyp]] = beam_search(ScriptedModel(table0), _src(0), _cfg(), SearchInputs(prefix=[[C, C]]))
     assert hyp.tokens[:2] == [C, C]
-    [[h1], [h2]] = greedy_search(ScriptedModel(table0), _src(0, 0), _cfg(beam=1), prefix=[[B], []])
+    [[h1], [h2]] = greedy_search(ScriptedModel(table0), _src(0, 0), _cfg(beam=1), SearchInputs(prefix=[[B], []]))
     assert h1.tokens == [B, A] and h2.tokens == [A]
 
 
@@ -252,7 +253,7 @@ def test_forced_prefix() -> None:
 def test_forced_prefix_longer_than_the_length_bound(searcher, cfg: DecodeConfig) -> None:
     # max_len 1, but the 3-token prefix is forced in full; C has probability 0 after B A.
     model = ScriptedModel(table0)
-    [[hyp]] = searcher(model, _src(0), replace(cfg, max_len_b=1), prefix=[[B, A, C]])
+    [[hyp]] = searcher(model, _src(0), replace(cfg, max_len_b=1), SearchInputs(prefix=[[B, A, C]]))
     assert hyp.tokens == [B, A, C]
     assert hyp.log_prob == pytest.approx(math.log(0.3 * 0.5 * 0.8) - 1e4)
     assert model.init_steps == [4]
@@ -270,7 +271,7 @@ def test_no_repeat_ngram() -> None:
 
 
 def test_attention_history_follows_the_chosen_hypothesis() -> None:
-    [hyps] = beam_search(ScriptedModel(table0), _src(0, length=3), _cfg(nbest=2), need_attn=True)
+    [hyps] = beam_search(ScriptedModel(table0), _src(0, length=3), _cfg(nbest=2), SearchInputs(need_attn=True))
     for h in hyps:
         # (L, H, T, S): T = tokens + EOS step; the scripted weight at step t is t.
         assert h.attention.shape == (1, 1, len(h.tokens) + 1, 3)
@@ -521,11 +522,11 @@ def upto_four(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
                                  _cfg(beam=2, nbest=2, max_len_a=1.0, max_len_b=2, sampling=True, seed=5)])
 def test_search_passes_every_option_on(cfg: DecodeConfig) -> None:
     # Unusual ids: pad 7 (so |x| = 2 for _src), BOS C, EOS B; EOS_ID is an ordinary token.
-    kw = dict(prefix=[[A], []], need_attn=True, pad=7, bos=C, eos=B)
+    inputs = SearchInputs(prefix=[[A], []], need_attn=True, pad=7, bos=C, eos=B)
     strategy = sample if cfg.sampling else greedy_search if cfg.beam == 1 else beam_search
     model, ref_model = ScriptedModel(upto_four, bos=C), ScriptedModel(upto_four, bos=C)
-    got = search(model, _src(0, 1), cfg, **kw)
-    ref = strategy(ref_model, _src(0, 1), cfg, **kw)
+    got = search(model, _src(0, 1), cfg, inputs)
+    ref = strategy(ref_model, _src(0, 1), cfg, inputs)
     assert model.fed == ref_model.fed and model.hints == ref_model.hints
     assert model.fed[0] == [C] * len(model.fed[0])
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in ref]
@@ -580,7 +581,7 @@ def test_greedy_keeps_one_row_per_sentence_whatever_the_beam() -> None:
 class LayoutModel(ScriptedModel):
     """Cross-attention (R, 2, S) instead of (R, L, H, S); in bf16."""
 
-    def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False):
+    def step(self, tokens: torch.Tensor, state: _State, need_attn: bool = False, vocabulary=None):
         out, attn = super().step(tokens, state, need_attn)
         if attn is not None:
             attn = torch.cat([attn[:, 0], 10 + attn[:, 0]], dim=1).bfloat16()
@@ -591,7 +592,7 @@ class LayoutModel(ScriptedModel):
                                            (sample, _cfg(nbest=2, sampling=True))])
 def test_attention_of_any_layout_is_trimmed_to_the_source(searcher, cfg: DecodeConfig) -> None:
     src = torch.tensor([[100, 7, 7, EOS_ID], [101, EOS_ID, PAD_ID, PAD_ID]])
-    hyps = searcher(LayoutModel(table0), src, cfg, need_attn=True)
+    hyps = searcher(LayoutModel(table0), src, cfg, SearchInputs(need_attn=True))
     for s, src_len in zip(hyps, (4, 2)):
         assert len(s) == cfg.nbest
         for h in s:

@@ -14,10 +14,11 @@ from aiayn.checkpoint.directory import load_checkpoint, save_checkpoint
 from aiayn.config import Config, DataConfig, DecodeConfig, ModelConfig
 from aiayn.data.prepare import load_tokenizer, prepare_data
 from aiayn.errors import ConfigError
-from aiayn.inference import translator as translator_module
-from aiayn.inference.constraints import LexicalConstraint
-from aiayn.inference.search import search
-from aiayn.inference.shortlist import SentenceShortlistDecoder, ShortlistDecoder, shortlist_dtype
+from aiayn.inference import engine as engine_module
+from aiayn.inference.phrase_constraints import PhraseConstraint
+from aiayn.inference.quantize import Int8Linear
+from aiayn.inference.search import SearchInputs, search
+from aiayn.inference.step_vocabulary import BatchVocabulary, SentenceVocabulary, shortlist_dtype, sliced_projection
 from aiayn.inference.translator import Translator
 from aiayn.model import build_model
 from aiayn.text.shortlist import Shortlist, build_shortlist
@@ -93,7 +94,7 @@ def test_prepare_builds_it_and_checkpoints_carry_it(prepared, tmp_path):
 @pytest.fixture
 def float32_lists(monkeypatch):
     """Per-sentence lists projected in float32 on every CPU (bf16 where it is native otherwise)."""
-    monkeypatch.setattr("aiayn.inference.shortlist.shortlist_dtype", lambda weight: torch.float32)
+    monkeypatch.setattr("aiayn.inference.step_vocabulary.shortlist_dtype", lambda weight: torch.float32)
 
 
 def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, float32_lists):
@@ -110,14 +111,14 @@ def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(prepared, float32_l
             [h.score for r in short for h in r.hypotheses], rel=1e-5)
 
 
-def _decoders(tr, tok, texts, prefix=()):
-    """The narrowed decoder of ``texts`` (one list for all, with the ``prefix`` ids) and the
+def _vocabularies(tr, tok, texts, prefix=()):
+    """The narrowing vocabulary of ``texts`` (one list for all, with the ``prefix`` ids) and the
     masking one over the same list, with their source batch."""
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
     lists, sizes = tok.shortlist.sentence_rows(src, extras=prefix, group=len(texts))
-    narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32,
-                                      sentences_per_list=len(texts))
-    return narrow, ShortlistDecoder(tr.decoder, lists[0, :int(sizes[0])], tok.tgt_vocab_size), src
+    narrow = SentenceVocabulary(tr.model, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32,
+                                sentences_per_list=len(texts))
+    return narrow, BatchVocabulary(lists[0, :int(sizes[0])], tok.tgt_vocab_size), src
 
 
 @pytest.mark.parametrize("beam, ngram", [(1, 2), (4, 2), (4, 1)])
@@ -129,11 +130,11 @@ def test_narrowed_steps_search_as_the_masked_vocabulary_does(prepared, beam, ngr
     tr = Translator(_model(tok, seed=3), tok, Config())
     texts = ["two men play football in the park", "a red dog"]
     prefix = [tok.encode_tgt("zwei"), []]
-    narrow, masked, src = _decoders(tr, tok, texts, prefix)
+    narrow, masked, src = _vocabularies(tr, tok, texts, prefix)
     assert narrow.lists.size(1) < tok.tgt_vocab_size
     cfg = DecodeConfig(beam=beam, nbest=beam, max_len_b=10, no_repeat_ngram_size=ngram)
-    got = search(narrow, src, cfg, prefix=prefix)
-    want = search(masked, src, cfg, prefix=prefix)
+    got = search(tr.decoder, src, cfg, SearchInputs(prefix=prefix, vocabulary=narrow))
+    want = search(tr.decoder, src, cfg, SearchInputs(prefix=prefix, vocabulary=masked))
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
     assert [h.score for hyps in got for h in hyps] == pytest.approx([h.score for hyps in want for h in hyps],
                                                                     rel=1e-5)
@@ -146,10 +147,12 @@ def test_narrowed_steps_force_special_ids_as_the_masked_vocabulary_does(prepared
     tok = load_tokenizer(prepared)
     tr = Translator(_model(tok, seed=3), tok, Config())
     prefix = [[PAD_ID, UNK_ID], [UNK_ID, PAD_ID]]
-    narrow, masked, src = _decoders(tr, tok, ["a red dog", "hello there"], prefix)
+    narrow, masked, src = _vocabularies(tr, tok, ["a red dog", "hello there"], prefix)
     cfg = DecodeConfig(beam=2, nbest=2, max_len_b=6)
-    got = [[h.tokens for h in hyps] for hyps in search(narrow, src, cfg, prefix=prefix)]
-    assert got == [[h.tokens for h in hyps] for hyps in search(masked, src, cfg, prefix=prefix)]
+    narrowed = search(tr.decoder, src, cfg, SearchInputs(prefix=prefix, vocabulary=narrow))
+    got = [[h.tokens for h in hyps] for hyps in narrowed]
+    want = search(tr.decoder, src, cfg, SearchInputs(prefix=prefix, vocabulary=masked))
+    assert got == [[h.tokens for h in hyps] for hyps in want]
     assert [hyps[0][:2] for hyps in got] == prefix
 
 
@@ -162,35 +165,38 @@ def test_narrowed_steps_follow_rows_that_leave_and_differ_in_number(prepared):
     texts = ["two men play football in the park", "a red dog", "hello there", "the small house"]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
     lists, sizes = tok.shortlist.sentence_rows(src, group=1)
-    narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
-    state = narrow.init_state(src, 8)
+    vocab = SentenceVocabulary(tr.model, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
+    state = tr.decoder.init_state(src, 8)
+    vocab.start(src.size(0))
     reference = tr.decoder.init_state(src, 8)
 
     def check(tokens, sentences):
-        scores, _ = narrow.step(tokens, state)
+        scores, _ = tr.decoder.step(tokens, state, vocabulary=vocab)
         full, _ = tr.decoder.step(tokens, reference)
         for row, sent in enumerate(sentences):
             n = int(sizes[sent])
             assert torch.allclose(scores[row, :n], full[row, lists[sent, :n]], atol=1e-5)
             assert torch.isneginf(scores[row, n:]).all()
             cols = torch.arange(n)
-            assert torch.equal(narrow.step_columns(state).ids(torch.full((n,), row), cols), lists[sent, :n])
+            assert torch.equal(vocab.ids(torch.full((n,), row), cols), lists[sent, :n])
 
     with torch.no_grad():
         check(torch.full((4,), BOS_ID), [0, 1, 2, 3])
         index = torch.tensor([0, 0, 1, 2])  # two rows of sentence 0, one of 1 and 2: 3 of 4 lists left
-        state = narrow.reorder(state, index)
+        state = tr.decoder.reorder(state, index)
+        vocab.select(index)
         reference = tr.decoder.reorder(reference, index)
-        assert state.pos is not None and state.held.tolist() == [0, 1, 2, 3]
+        assert vocab.pos is not None and vocab.held.tolist() == [0, 1, 2, 3]
         check(torch.tensor([5, 6, 7, 5]), [0, 0, 1, 2])
         index = torch.tensor([1, 0])  # two rows of sentence 0: under 3/4 of the lists held
-        state = narrow.reorder(state, index)
+        state = tr.decoder.reorder(state, index)
+        vocab.select(index)
         reference = tr.decoder.reorder(reference, index)
-        assert state.held.tolist() == [0] and state.pos is None
+        assert vocab.held.tolist() == [0] and vocab.pos is None
         check(torch.tensor([8, 9]), [0, 0])
-        assert narrow.step_columns(state).columns(torch.tensor([0, 1]), lists[0, 5:7]).tolist() == [5, 6]
+        assert vocab.columns(torch.tensor([0, 1]), lists[0, 5:7]).tolist() == [5, 6]
         absent = next(i for i in range(tok.tgt_vocab_size) if i not in set(lists[0].tolist()))
-        assert narrow.step_columns(state).columns(torch.tensor([0]), torch.tensor([absent])).tolist() == [0]
+        assert vocab.columns(torch.tensor([0]), torch.tensor([absent])).tolist() == [0]
 
 
 class MaskedVocabulary:
@@ -210,7 +216,8 @@ class MaskedVocabulary:
         inner, sentence = state
         return self.inner.reorder(inner, index, same_sources=same_sources), sentence.index_select(0, index)
 
-    def step(self, tokens, state, need_attn=False):
+    def step(self, tokens, state, need_attn=False, vocabulary=None):
+        assert vocabulary is None  # the reference scores the whole vocabulary, then masks it
         inner, sentence = state
         logits, attn = self.inner.step(tokens, inner, need_attn)
         return logits.masked_fill(~self.allowed[sentence], float("-inf")), attn
@@ -239,9 +246,9 @@ def test_sampling_and_greedy_draw_as_the_masked_vocabulary_does(prepared, cfg):
     texts = SRC[:6]
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(t)) for t in texts], batch_first=True)
     lists, sizes = tok.shortlist.sentence_rows(src, group=1)
-    narrow = SentenceShortlistDecoder(tr.decoder, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
+    narrow = SentenceVocabulary(tr.model, lists, sizes, tok.tgt_vocab_size, dtype=torch.float32)
     masked = MaskedVocabulary(tr.decoder, _allowed(lists, sizes, tok.tgt_vocab_size))
-    got, got_lp = _outputs(search(narrow, src, cfg))
+    got, got_lp = _outputs(search(tr.decoder, src, cfg, SearchInputs(vocabulary=narrow)))
     assert all(len(per_sent) == cfg.nbest for per_sent in got)
     if cfg.sampling:  # draws over fewer columns differ: each draw is scored by the reference instead
         want_lp = [_log_prob(masked, src[b:b + 1], b, tokens) for b, per_sent in enumerate(got) for tokens in per_sent]
@@ -269,18 +276,20 @@ def _log_prob(masked: MaskedVocabulary, src: torch.Tensor, sentence: int, tokens
 
 def test_the_projection_runs_in_bf16_where_it_is_native(monkeypatch):
     weight = torch.zeros(3, 2)
-    monkeypatch.setattr("aiayn.inference.shortlist.native_bf16", lambda device: True)
+    monkeypatch.setattr("aiayn.inference.step_vocabulary.native_bf16", lambda device: True)
     assert shortlist_dtype(weight) == torch.bfloat16
-    monkeypatch.setattr("aiayn.inference.shortlist.native_bf16", lambda device: False)
+    monkeypatch.setattr("aiayn.inference.step_vocabulary.native_bf16", lambda device: False)
     assert shortlist_dtype(weight) == torch.float32
 
 
 def test_a_constraint_keeps_the_whole_vocabulary(prepared):
     tok = load_tokenizer(prepared)
     tr = Translator(_model(tok), tok, Config())
-    narrow, _, src = _decoders(tr, tok, ["hello there"])
-    with pytest.raises(ValueError, match="cannot drive a model that narrows its steps"):
-        search(narrow, src, DecodeConfig(), constraint=LexicalConstraint([[[5]]], [[]], eos=EOS_ID))
+    narrow, _, src = _vocabularies(tr, tok, ["hello there"])
+    with pytest.raises(ValueError, match="a constraint masks the whole vocabulary: it cannot drive steps that "
+                                         "narrow it"):
+        search(tr.decoder, src, DecodeConfig(),
+               SearchInputs(constraint=PhraseConstraint([[[5]]], [[]], eos=EOS_ID), vocabulary=narrow))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
@@ -289,12 +298,12 @@ def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype):
     tok = load_tokenizer(prepared)
     tr = Translator(_model(tok), tok, Config(), dtype=dtype)
     rows = tok.shortlist.rows(tok.encode_src(SRC[0]))
-    decoder = ShortlistDecoder(tr.decoder, rows, tok.tgt_vocab_size)
+    vocab = BatchVocabulary(rows, tok.tgt_vocab_size)
     src = torch.tensor([tok.encode_src(SRC[0])])
     bos = torch.tensor([BOS_ID])
     with torch.no_grad():
         full, _ = tr.decoder.step(bos, tr.decoder.init_state(src, 4))
-        short, _ = decoder.step(bos, decoder.init_state(src, 4))
+        short, _ = tr.decoder.step(bos, tr.decoder.init_state(src, 4), vocabulary=vocab)
     kept = torch.isfinite(short[0]).nonzero()[:, 0]
     assert kept.tolist() == rows.tolist()
     # The same scores as the full projection's on those rows (int8: per-row quantization). A
@@ -304,7 +313,15 @@ def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype):
         torch.testing.assert_close(short[0, rows], full[0, rows], rtol=1e-6, atol=1e-6)
     else:
         assert torch.equal(short[0, rows], full[0, rows].to(short.dtype))
-    assert (decoder._int8 if dtype == "int8" else decoder._weight) is not None
+    # The step ran the projection cut to the rows: an int8 layer of the rows' weights, or the
+    # float projection's columns of the rows.
+    sliced = sliced_projection(tr.decoder, rows)
+    if dtype == "int8":
+        assert isinstance(sliced, Int8Linear)
+    else:
+        assert sliced is not None and not isinstance(sliced, Int8Linear)
+        assert tuple(sliced.weight_t.shape) == (tr.model.output_weight.size(1), len(rows))
+    assert type(vocab._sliced[id(tr.decoder)]) is type(sliced)
 
 
 def test_the_search_emits_what_the_masked_vocabulary_does(prepared, float32_lists):
@@ -332,7 +349,7 @@ def test_the_search_emits_what_the_masked_vocabulary_does(prepared, float32_list
     texts = SRC[:16]
     results = tr.translate_detailed(texts, beam=2, max_len_b=10, shortlist=True)
     order = sorted(range(len(texts)), key=lambda i: -len(tok.encode_src(texts[i])))  # the batch's order
-    per = translator_module.SENTENCES_PER_LIST
+    per = engine_module.SENTENCES_PER_LIST
     assert per > 1
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(tok.encode_src(texts[k])) for k in order], batch_first=True)
     lists, sizes = tok.shortlist.sentence_rows(src, group=per)

@@ -13,10 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.tiny_world import WORDS, WORDS_DE
 
-from aiayn.errors import DataError
+from aiayn.errors import ConstraintError, DataError
 from aiayn.inference.terms import (
-    ConstraintError,
-    LexicalConstraints,
+    SentenceConstraints,
     TermDictionary,
     parse_constraints_line,
     read_constraints,
@@ -60,7 +59,7 @@ def test_api_forms_and_unconstrained_texts(translator: Translator) -> None:
     got = translator.translate(texts, constraints=[["fahrrad", "rot ball"], None])
     assert got[1] == plain[1]  # no constraint: unchanged
     assert "fahrrad" in got[0] and "rot ball" in got[0]
-    same = translator.translate(texts, constraints=[LexicalConstraints(("fahrrad", "rot ball")), []])
+    same = translator.translate(texts, constraints=[SentenceConstraints(("fahrrad", "rot ball")), []])
     assert same == got
 
 
@@ -80,13 +79,13 @@ def test_a_constraint_that_cannot_fit_is_an_error_or_dropped(translator: Transla
 
 
 @pytest.mark.parametrize("line,expected", [
-    ("", LexicalConstraints()),
-    ("null", LexicalConstraints()),
-    ('["Hund", "roten  Ball", "Hund"]', LexicalConstraints(("Hund", "roten Ball"))),
-    ('{"include": ["a"], "exclude": ["b", "c"]}', LexicalConstraints(("a",), ("b", "c"))),
-    ('{"exclude": ["b"]}', LexicalConstraints((), ("b",))),
+    ("", SentenceConstraints()),
+    ("null", SentenceConstraints()),
+    ('["Hund", "roten  Ball", "Hund"]', SentenceConstraints(("Hund", "roten Ball"))),
+    ('{"include": ["a"], "exclude": ["b", "c"]}', SentenceConstraints(("a",), ("b", "c"))),
+    ('{"exclude": ["b"]}', SentenceConstraints((), ("b",))),
 ])
-def test_constraints_lines(line: str, expected: LexicalConstraints) -> None:
+def test_constraints_lines(line: str, expected: SentenceConstraints) -> None:
     assert parse_constraints_line(line, "f:1") == expected
 
 
@@ -109,8 +108,8 @@ NOT_JSON = ("not JSON (Expecting value at column 1); write a list of phrases, e.
 def test_read_constraints(tmp_path: Path) -> None:
     path = tmp_path / "cons.jsonl"
     path.write_text(' ["Hund", "roten  Ball"] \n\nnull\n{"include": ["a"], "exclude": ["b"]}\n', encoding="utf-8")
-    expected = [LexicalConstraints(("Hund", "roten Ball")), LexicalConstraints(), LexicalConstraints(),
-                LexicalConstraints(("a",), ("b",))]
+    expected = [SentenceConstraints(("Hund", "roten Ball")), SentenceConstraints(), SentenceConstraints(),
+                SentenceConstraints(("a",), ("b",))]
     assert list(read_constraints(path)) == expected
     packed = tmp_path / "cons.jsonl.gz"
     packed.write_bytes(gzip.compress(path.read_bytes()))
@@ -123,8 +122,8 @@ def test_read_constraints_names_the_bad_line(tmp_path: Path) -> None:
     with pytest.raises(DataError) as exc:
         list(read_constraints(path))
     assert str(exc.value) == f"{path}:2: invalid UTF-8 at byte 0 of the line (byte 6 of the file): invalid start byte"
-    assert list(read_constraints(path, "skip")) == [LexicalConstraints(("a",)), LexicalConstraints(),
-                                                    LexicalConstraints(("b",))]
+    assert list(read_constraints(path, "skip")) == [SentenceConstraints(("a",)), SentenceConstraints(),
+                                                    SentenceConstraints(("b",))]
     with pytest.raises(DataError) as exc:
         list(read_constraints(path, "replace"))
     assert str(exc.value) == f"{path}:2: {NOT_JSON}"
@@ -138,8 +137,8 @@ def test_term_dictionary(tmp_path: Path) -> None:
     path = tmp_path / "terms.tsv"
     path.write_text("# source\ttarget\nred ball\troten Ball\ndog\tHund\nball\tBall\n\n", encoding="utf-8")
     terms = TermDictionary.load(path)
-    assert terms.constraints("A Dog chases the red  ball.") == LexicalConstraints(("Hund", "roten Ball"))
-    assert terms.constraints("hotdogs and balls") == LexicalConstraints()
+    assert terms.constraints("A Dog chases the red  ball.") == SentenceConstraints(("Hund", "roten Ball"))
+    assert terms.constraints("hotdogs and balls") == SentenceConstraints()
     for text, message in [("dog\n", "terms.tsv:1: expected 'source<TAB>target' .* got 1 field$"),
                           ("dog\tHund\tx\n", "terms.tsv:1: .* got 3 fields"),
                           ("dog\tHund\nDog\tKöter\n", "terms.tsv:2: 'Dog' is also given on line 1")]:
@@ -199,10 +198,10 @@ def test_coerce_messages_name_where_and_what() -> None:
              ({"include": ["a"], "exclude": ("b", " ")}, "constraints.exclude[1]: an empty phrase")]
     for value, message in cases:
         with pytest.raises(ValueError) as err:
-            LexicalConstraints.coerce(value)
+            SentenceConstraints.coerce(value)
         assert str(err.value) == message
     with pytest.raises(ValueError) as err:
-        LexicalConstraints.coerce(3.5, "texts[2]")
+        SentenceConstraints.coerce(3.5, "texts[2]")
     assert str(err.value) == "texts[2]: expected a list of phrases or an object with 'include'/'exclude', got float"
 
 
@@ -211,7 +210,7 @@ def test_a_list_is_include_phrases_only_whatever_the_class_defaults() -> None:
     from dataclasses import dataclass
 
     @dataclass(frozen=True)
-    class Guarded(LexicalConstraints):
+    class Guarded(SentenceConstraints):
         exclude: tuple[str, ...] = ("never",)
 
     assert Guarded.coerce(["a", "b"]) == Guarded(("a", "b"), ())
@@ -226,24 +225,24 @@ def test_a_line_that_is_not_json_says_what_to_write() -> None:
 
 
 def test_merged_keeps_both_includes_and_both_excludes_each_once() -> None:
-    one = LexicalConstraints(("a", "b"), ("x",))
-    other = LexicalConstraints(("b", "c"), ("y", "x"))
-    assert one.merged(other) == LexicalConstraints(("a", "b", "c"), ("x", "y"))
-    assert LexicalConstraints().merged(LexicalConstraints((), ("z",))) == LexicalConstraints((), ("z",))
+    one = SentenceConstraints(("a", "b"), ("x",))
+    other = SentenceConstraints(("b", "c"), ("y", "x"))
+    assert one.merged(other) == SentenceConstraints(("a", "b", "c"), ("x", "y"))
+    assert SentenceConstraints().merged(SentenceConstraints((), ("z",))) == SentenceConstraints((), ("z",))
 
 
 def test_term_dictionary_prefers_the_longer_term_at_the_same_place() -> None:
     for terms in ({"new": "neu", "new york": "New York"}, {"new york": "New York", "new": "neu"}):
         dictionary = TermDictionary(terms)
-        assert dictionary.constraints("in New  York") == LexicalConstraints(("New York",))
-        assert dictionary.constraints("a new car") == LexicalConstraints(("neu",))
-        assert dictionary.constraints("new cars in new york") == LexicalConstraints(("neu", "New York"))
+        assert dictionary.constraints("in New  York") == SentenceConstraints(("New York",))
+        assert dictionary.constraints("a new car") == SentenceConstraints(("neu",))
+        assert dictionary.constraints("new cars in new york") == SentenceConstraints(("neu", "New York"))
 
 
 def test_an_empty_term_dictionary_finds_nothing_in_any_text() -> None:
     dictionary = TermDictionary({})
     for text in ("", " ", "a, b", "Hund"):
-        assert dictionary.constraints(text) == LexicalConstraints()
+        assert dictionary.constraints(text) == SentenceConstraints()
 
 
 def test_term_dictionary_file_format(tmp_path: Path) -> None:
@@ -253,7 +252,7 @@ def test_term_dictionary_file_format(tmp_path: Path) -> None:
     path.write_text("# terms\n  # source\ttarget\n\ndog\tHund\r\n  red   ball \t roten Ball\n", encoding="utf-8")
     terms = TermDictionary.load(path)
     assert terms.terms == {"dog": "Hund", "red ball": "roten Ball"}
-    assert terms.constraints("# source, the dog") == LexicalConstraints(("Hund",))
+    assert terms.constraints("# source, the dog") == SentenceConstraints(("Hund",))
     expected = ":1: expected 'source<TAB>target' (two non-empty fields), got "
     for text, fields in [("\tHund\n", "2 fields"), ("dog\t \n", "2 fields"), ("dog\tHund\t\n", "3 fields")]:
         path.write_text(text, encoding="utf-8")
@@ -274,7 +273,7 @@ def test_term_dictionary_invalid_utf8_as_asked(tmp_path: Path) -> None:
 def test_constraints_list_wants_one_entry_per_text() -> None:
     from aiayn.inference.terms import constraints_list
 
-    assert constraints_list([None, ["a"]], 2) == [LexicalConstraints(), LexicalConstraints(("a",))]
+    assert constraints_list([None, ["a"]], 2) == [SentenceConstraints(), SentenceConstraints(("a",))]
     for values, n, message in [("ab", 2, "constraints: expected one entry per text, got str"),
                                (b"ab", 2, "constraints: expected one entry per text, got bytes"),
                                ((v for v in [None]), 1, "constraints: expected one entry per text, got generator"),

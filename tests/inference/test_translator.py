@@ -77,12 +77,21 @@ def test_prefix(translator: Translator) -> None:
     assert res[0].best.tokens[:len(prefix_ids)] == prefix_ids
 
 
-def test_long_input_is_truncated_not_an_error(translator: Translator, caplog) -> None:
+def test_long_input_is_cut_with_a_warning_unless_the_request_refuses_it(translator: Translator, caplog) -> None:
+    """The one rule (aiayn.inference.request.check_source_length): the Python API cuts, with a
+    warning; a request with truncate=False (the command line, the server) is refused."""
+    from aiayn.inference.request import SourceTooLong, TranslationRequest
+
     text = " ".join(["riding"] * 200)  # more pieces than the model's 64 positions
     with caplog.at_level("WARNING"):
         out = translator.translate_detailed([text, "a man"])
-    assert len(out[0].src_tokens) == 64
-    assert "truncated" in caplog.text
+    assert len(out[0].src_tokens) == 64 and out[0].src_tokens[-1] == EOS_ID
+    assert "sentence 1: " in caplog.text and "truncated to the model's 64 positions" in caplog.text
+    with pytest.raises(SourceTooLong) as refused:
+        translator.run(TranslationRequest([text, "a man"], translator.decode_config(), truncate=False))
+    assert refused.value.index == 0 and refused.value.limit == 64 and refused.value.length > 64
+    n = refused.value.length
+    assert str(refused.value) == f"texts[0]: {n} source tokens (with EOS); the model has 64 positions"
 
 
 def test_progress_callback(translator: Translator, english: list[str]) -> None:
@@ -191,8 +200,8 @@ def test_bf16_dtype_errors(tiny_checkpoint: Path) -> None:
 
 
 def test_int8(tiny_checkpoint: Path, english: list[str]) -> None:
+    from aiayn.inference.engine import weight_dtype
     from aiayn.inference.quantize import Int8Linear
-    from aiayn.inference.translator import resolve_dtype
 
     tr = Translator.from_checkpoint(tiny_checkpoint, dtype="int8")
     assert isinstance(tr.model.decoder_layers[0].ffn.w_1, Int8Linear)
@@ -201,7 +210,20 @@ def test_int8(tiny_checkpoint: Path, english: list[str]) -> None:
     # the same hypotheses as decoding the int8 model sentence by sentence
     assert [r.best.text for r in out] == [tr.translate([s])[0] for s in english[:3]]
     with pytest.raises(ConfigError, match="CPU"):
-        resolve_dtype("int8", torch.device("cuda"))
+        weight_dtype("int8", torch.device("cuda"))
+
+
+def test_weight_dtype_of_each_precision() -> None:
+    from aiayn.inference.engine import weight_dtype
+
+    cpu = torch.device("cpu")
+    assert weight_dtype("fp32", cpu) is None
+    assert weight_dtype("bf16", cpu) is torch.bfloat16
+    assert weight_dtype("int8", cpu) is torch.int8
+    with pytest.raises(ConfigError, match="CPU"):
+        weight_dtype("int8", torch.device("cuda"))
+    with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
+        weight_dtype("fp16", cpu)
 
 
 def test_trainer_style_construction(tiny_checkpoint: Path, english: list[str]) -> None:

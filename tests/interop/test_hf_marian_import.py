@@ -372,7 +372,7 @@ def test_multilingual_model_keeps_its_target_language_tags(tmp_path: Path, helpe
                                     do_sample=False, max_length=22)
         assert [[rows[i] for i in r.best.tokens] for r in results] == helpers.hf_generated(seq, 0)
     # The checkpoint's own target language ("de") has no tag: --tgt-lang is needed.
-    with pytest.raises(Exception, match=r"no tag >>de<< \(its languages: fra, spa, deu\)"):
+    with pytest.raises(Exception, match=r"no target-language tag >>de<< \(it has >>fra<<, >>spa<<, >>deu<<\)"):
         tr.translate(texts[:1])
     # Export: the tags are HF vocabulary entries at aiayn's ids; import again: kept.
     out = export_hf(ckpt, tmp_path / "hf")

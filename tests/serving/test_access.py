@@ -18,7 +18,7 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from aiayn.config import DecodeConfig  # noqa: E402
 from aiayn.errors import ConfigError  # noqa: E402
-from aiayn.inference.translator import Hypothesis, TranslationResult  # noqa: E402
+from aiayn.inference.results import Hypothesis, TranslationResult  # noqa: E402
 from aiayn.serving.app import ServeSettings, create_app  # noqa: E402
 from aiayn.serving.auth import check_api_key, check_cors_origin, presented_keys  # noqa: E402
 
@@ -43,7 +43,10 @@ class Upper:
         return [TranslationResult(t, [Hypothesis(t.upper(), [4] * len(t.split()), -1.0, [*t.split(), "</s>"],
                                                  [*t.upper().split(), "</s>"])]) for t in texts]
 
-    def source_lengths(self, texts: Sequence[str]) -> list[int]:
+    def run(self, request: Any) -> list[TranslationResult]:
+        return self.translate_detailed(request.texts, request.decode.nbest, request.attention)
+
+    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
         return [len(t.split()) + 1 for t in texts]
 
     def describe(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ pytest.importorskip("prometheus_client", reason="the 'serve' extra is not instal
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError  # noqa: E402
+from aiayn.serving.batcher import BatchLimits, DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError  # noqa: E402
 from aiayn.serving.metrics import ServerMetrics  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def submit(b: DynamicBatcher, texts: list[str], options: DecodeOptions = OPTS):
 def test_concurrent_requests_share_model_calls_and_get_their_own_results() -> None:
     gate = threading.Event()
     fn = Scripted(gate)
-    b = DynamicBatcher(fn, window_ms=0)
+    b = DynamicBatcher(fn, limits=BatchLimits(window_ms=0))
     b.start()
     futures = [submit(b, ["s0 a", "s0 b"])]
     assert fn.entered.wait(timeout=60)  # the model is busy with the first request ...
@@ -64,7 +64,7 @@ def test_the_window_lets_a_later_request_join() -> None:
     # A window far longer than the test: the first request can only leave with the second,
     # which fills the batch (2 sentences), so the batch goes at once, without waiting out the window.
     fn = Scripted()
-    b = DynamicBatcher(fn, window_ms=600_000, max_batch_sentences=2)
+    b = DynamicBatcher(fn, limits=BatchLimits(window_ms=600_000, max_batch_sentences=2))
     in_window = threading.Event()
     idle_or_window_wait = b._cond.wait
 
@@ -85,7 +85,7 @@ def test_the_window_lets_a_later_request_join() -> None:
 
 def test_token_budget_and_sentence_limit_cut_batches() -> None:
     fn = Scripted()
-    b = DynamicBatcher(fn, max_batch_tokens=10, max_batch_sentences=64, window_ms=0)
+    b = DynamicBatcher(fn, limits=BatchLimits(max_batch_tokens=10, max_batch_sentences=64, window_ms=0))
     futures = [submit(b, ["a b c"]) for _ in range(5)]  # 4 tokens each (EOS included)
     b.start()  # everything is queued before the worker looks
     for f in futures:
@@ -94,7 +94,7 @@ def test_token_budget_and_sentence_limit_cut_batches() -> None:
     assert [len(texts) for texts, _ in fn.calls] == [2, 2, 1]  # 2 x 4 <= 10 < 3 x 4
 
     fn2 = Scripted()
-    b2 = DynamicBatcher(fn2, max_batch_sentences=3, window_ms=0)
+    b2 = DynamicBatcher(fn2, limits=BatchLimits(max_batch_sentences=3, window_ms=0))
     futures = [submit(b2, ["a"]) for _ in range(7)]
     b2.start()
     for f in futures:
@@ -105,7 +105,7 @@ def test_token_budget_and_sentence_limit_cut_batches() -> None:
 
 def test_requests_with_different_options_never_share_a_call() -> None:
     fn = Scripted()
-    b = DynamicBatcher(fn, window_ms=0)
+    b = DynamicBatcher(fn, limits=BatchLimits(window_ms=0))
     beam2 = DecodeOptions.make(overrides={"beam": 2})
     futures = [submit(b, [f"t{i}"], beam2 if i % 2 else OPTS) for i in range(6)]
     b.start()
@@ -122,7 +122,7 @@ def test_requests_with_different_options_never_share_a_call() -> None:
 def test_a_failing_request_fails_alone() -> None:
     fn = Scripted()
     metrics = ServerMetrics()
-    b = DynamicBatcher(fn, metrics=metrics, window_ms=0)
+    b = DynamicBatcher(fn, metrics=metrics, limits=BatchLimits(window_ms=0))
     good1, bad, good2 = submit(b, ["fine"]), submit(b, ["bad one"]), submit(b, ["also fine"])
     b.start()
     assert good1.result(timeout=10) == ["T(fine)"]
@@ -136,7 +136,7 @@ def test_a_failing_request_fails_alone() -> None:
 
 def test_a_full_queue_refuses_and_counts() -> None:
     metrics = ServerMetrics()
-    b = DynamicBatcher(Scripted(), metrics=metrics, queue_size=2)
+    b = DynamicBatcher(Scripted(), metrics=metrics, limits=BatchLimits(queue_size=2))
     submit(b, ["a"])
     submit(b, ["b"])
     with pytest.raises(QueueFullError):
@@ -170,7 +170,7 @@ def test_without_batching_every_request_runs_alone() -> None:
 
 def test_metrics_render_in_prometheus_text_format() -> None:
     metrics = ServerMetrics()
-    b = DynamicBatcher(Scripted(), metrics=metrics, window_ms=0)
+    b = DynamicBatcher(Scripted(), metrics=metrics, limits=BatchLimits(window_ms=0))
     b.start()
     submit(b, ["a b", "c"]).result(timeout=10)
     b.close()
@@ -197,7 +197,7 @@ def test_a_withdrawn_request_is_never_translated() -> None:
     gate = threading.Event()
     fn = Scripted(gate)
     metrics = ServerMetrics()
-    b = DynamicBatcher(fn, window_ms=0, metrics=metrics)
+    b = DynamicBatcher(fn, metrics=metrics, limits=BatchLimits(window_ms=0))
     b.start()
     first = submit(b, ["s0"])
     assert fn.entered.wait(timeout=60)  # the model is busy with the first request

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("fastapi", reason="the 'serve' extra is not installed")
 
 from aiayn.config import DecodeConfig  # noqa: E402
-from aiayn.inference.translator import Hypothesis, TranslationResult  # noqa: E402
+from aiayn.inference.results import Hypothesis, TranslationResult  # noqa: E402
 from aiayn.serving.app import APIError, ServeSettings, TranslationService  # noqa: E402
 from aiayn.serving.metrics import ServerMetrics  # noqa: E402
 from aiayn.serving.schemas import TranslateRequest  # noqa: E402
@@ -40,7 +40,10 @@ class Gated:
         return [TranslationResult(t, [Hypothesis(t.upper(), [4], -1.0, [t, "</s>"], [t.upper(), "</s>"])])
                 for t in texts]
 
-    def source_lengths(self, texts: Sequence[str]) -> list[int]:
+    def run(self, request: Any) -> list[TranslationResult]:
+        return self.translate_detailed(request.texts, request.decode.nbest, request.attention)
+
+    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
         return [len(t.split()) + 1 for t in texts]
 
 

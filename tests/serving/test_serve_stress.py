@@ -35,14 +35,14 @@ def test_a_full_queue_answers_503_with_retry_after(tiny_checkpoint: Path, senten
     translator = Translator.from_checkpoint(tiny_checkpoint)
     expected = [translator.translate([text]) for text in sentences[:2]]
     entered, release = threading.Event(), threading.Event()
-    translate = translator.translate_detailed
+    translate = translator.run
 
     def gated(*args, **kwargs):  # the model call waits for the test
         entered.set()
         assert release.wait(60), "the test never released the model"
         return translate(*args, **kwargs)
 
-    translator.translate_detailed = gated  # type: ignore[method-assign]
+    translator.run = gated  # type: ignore[method-assign]
     app = create_app(translator, ServeSettings(queue_size=1, batching=False))
     with TestClient(app) as client, ThreadPoolExecutor(2) as pool:
         def post(text: str):

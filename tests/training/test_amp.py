@@ -2,7 +2,7 @@
 
 import torch
 
-from aiayn.runtime import torch_dtype
+from aiayn.runtime.precision import torch_dtype
 from aiayn.training import amp
 
 

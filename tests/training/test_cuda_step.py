@@ -15,7 +15,7 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 from aiayn.data.batching import collate  # noqa: E402
 from aiayn.model import build_model  # noqa: E402
-from aiayn.runtime import cuda_native_bf16  # noqa: E402
+from aiayn.runtime.devices import cuda_native_bf16  # noqa: E402
 from aiayn.training import trainer as trainer_module  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.training.weight_cast import CastOnceLinear  # noqa: E402

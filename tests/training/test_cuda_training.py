@@ -16,14 +16,14 @@ from aiayn.checkpoint.directory import resolve_checkpoint  # noqa: E402
 from aiayn.checkpoint.layout import STATE_FILE  # noqa: E402
 from aiayn.data.batching import BatchIterator, collate  # noqa: E402
 from aiayn.model import build_model  # noqa: E402
-from aiayn.runtime import cuda_native_bf16  # noqa: E402
+from aiayn.runtime.devices import cuda_native_bf16  # noqa: E402
 from aiayn.training.distributed import DistInfo  # noqa: E402
 from aiayn.training.trainer import Trainer  # noqa: E402
 from aiayn.training.weight_cast import CastOnceLinear  # noqa: E402
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="platform: no CUDA device")]
 
-CUDA = "cuda:0"  # as aiayn.runtime.resolve_device names it (DDP needs the index)
+CUDA = "cuda:0"  # as aiayn.runtime.devices.resolve_device names it (DDP needs the index)
 
 
 def _trainer(cfg, run_dir=None, task=None, seed=0, **kw):

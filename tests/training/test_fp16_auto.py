@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from aiayn.config import load_config
-from aiayn.runtime import cuda_fp16_tensor_cores, resolve_train_dtype
+from aiayn.runtime.devices import cuda_fp16_tensor_cores
+from aiayn.runtime.precision import resolve_train_dtype
 from aiayn.training import amp
 
 REPO = Path(__file__).resolve().parents[2]

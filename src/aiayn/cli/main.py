@@ -16,7 +16,7 @@ import typing
 import aiayn
 from aiayn import fileio
 from aiayn.errors import AiaynError
-from aiayn.runtime import exit_now, set_threads, tune_allocator
+from aiayn.runtime.process import exit_now, set_threads, tune_allocator
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (

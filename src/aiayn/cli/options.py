@@ -14,7 +14,8 @@ import typing
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import DecodeConfig, check_decode_bounds, decode_options
-from aiayn.runtime import DTYPE_ENV, INFERENCE_PRECISIONS, DtypeChoice, resolve_device, resolve_inference_dtype
+from aiayn.runtime.devices import resolve_device
+from aiayn.runtime.precision import DTYPE_ENV, INFERENCE_PRECISIONS, DtypeChoice, resolve_inference_dtype
 
 if TYPE_CHECKING:  # torch is imported lazily: `aiayn --help` should not load it
     import torch
@@ -117,7 +118,7 @@ def add_compile(container: Container, auto: str) -> None:
 
 
 def add_threads(container: Container) -> None:
-    """``--threads N``; the `aiayn` command applies it (:func:`aiayn.runtime.set_threads`)
+    """``--threads N``; the `aiayn` command applies it (:func:`aiayn.runtime.process.set_threads`)
     before the subcommand runs, so every compute command honours it the same way."""
     container.add_argument("--threads", type=int, default=None, metavar="N",
                            help="CPU threads for torch (default: $AIAYN_NUM_THREADS, else one per core)")
@@ -135,7 +136,7 @@ def device(args: argparse.Namespace) -> torch.device:
 
 
 def dtype(args: argparse.Namespace, device: torch.device | str) -> DtypeChoice:
-    """The parsed ``--dtype``, resolved for ``device`` (:func:`aiayn.runtime.resolve_inference_dtype`)
+    """The parsed ``--dtype``, resolved for ``device`` (:func:`aiayn.runtime.precision.resolve_inference_dtype`)
     before the model loads: pass ``.dtype`` on, and :func:`say_dtype` once the checks are done."""
     return resolve_inference_dtype(args.dtype, device)
 

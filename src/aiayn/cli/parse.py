@@ -78,7 +78,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def _read_input(args: argparse.Namespace) -> tuple[list[str], list[Any] | None]:
     """The --input sentences and, with --gold, their gold trees."""
     from aiayn import fileio
-    from aiayn.inference.parsing import read_gold
+    from aiayn.inference.parser import read_gold
 
     if args.input == "-":
         sentences = [fileio.decode_line(raw, "<stdin>", n) or ""
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from aiayn.inference.parsing import Parser, parse_prepared_split, score_parses
+    from aiayn.inference.parser import Parser, parse_prepared_split, score_parses
 
     _check_args(args)
     decode = options.decode_overrides(args)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiayn.cli import options
 from aiayn.errors import AiaynError
-from aiayn.runtime import on_a_passing_thread
+from aiayn.runtime.process import on_a_passing_thread
 
 if TYPE_CHECKING:
     import torch
@@ -199,7 +199,7 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
 
     dtype = options.dtype(args, device)
     # Loading and compiling run on threads that end: the batcher's thread alone keeps a
-    # thread team (aiayn.runtime.on_a_passing_thread).
+    # thread team (aiayn.runtime.process.on_a_passing_thread).
     translator = on_a_passing_thread(lambda: Translator.from_checkpoint(
         args.checkpoint, device=device, dtype=dtype.dtype, compile=args.compile == "on"))
     options.say_dtype(dtype)
@@ -220,7 +220,6 @@ def _compile_now(translator: Translator) -> None:
     start = time.perf_counter()
     for batch in WARM_UP:
         translator.translate(batch)
-    translator.record_compiled()
     log.info("compiled the decoding step in %.0f s", time.perf_counter() - start)
 
 
@@ -236,7 +235,6 @@ def compile_in_background(translator: Translator) -> threading.Thread:
         except Exception as exc:  # noqa: BLE001 - the eager steps keep serving
             log.warning("compiling in the background failed (%s: %s); serving eagerly", type(exc).__name__, exc)
             return
-        translator.record_compiled()
         log.info("compiled the decoding step in the background in %.0f s; serving with it", time.perf_counter() - start)
 
     thread = threading.Thread(target=work, name="aiayn-compile", daemon=True)

@@ -135,15 +135,21 @@ def read_file_lines(path: Path, on_invalid_utf8: str) -> list[str]:
     return list(translate_io.text_lines(path, _utf8_mode(on_invalid_utf8), hint=_UTF8_HINT))
 
 
-def check_lengths(translator: Any, chunk: list[str], first_lineno: int, where: str) -> None:
-    """Refuse a line the model cannot read whole: cutting it would be a silent loss."""
+def check_lengths(translator: Any, chunk: list[str], first_lineno: int, where: str, cfg: Any) -> None:
+    """Refuse a line the model cannot read whole, before any output: cutting it would be a
+    silent loss. (A stream is checked as it is translated: :func:`too_long`.)"""
     limit = translator.max_src_len
     if limit is None:
         return
-    for k, n in enumerate(translator.source_lengths(chunk)):
+    for k, n in enumerate(translator.source_lengths(chunk, cfg)):
         if n > limit:
-            raise DataError(f"{where}:{first_lineno + k}: {n} source tokens (with EOS); the model has {limit} "
-                            "positions: split the line, or use --truncate to cut it")
+            raise too_long(where, first_lineno + k, n, limit)
+
+
+def too_long(where: str, line: int, length: int, limit: int) -> DataError:
+    """The one message for a source line longer than the model's positions."""
+    return DataError(f"{where}:{line}: {length} source tokens (with EOS); the model has {limit} positions: "
+                     "split the line, or use --truncate to cut it")
 
 
 def _is_stream(path: str) -> bool:
@@ -280,7 +286,7 @@ class _Job:
 
         def check(chunk: list[str], first: int) -> None:
             if not args.truncate:
-                check_lengths(self.translator, chunk, first, args.input)
+                check_lengths(self.translator, chunk, first, args.input, self.cfg)
 
         scan = translate_io.scan_text_file(args.input, _utf8_mode(args.on_invalid_utf8), hint=_UTF8_HINT,
                                         size=args.chunk_size, check=check)
@@ -347,17 +353,19 @@ class _Job:
     def translate(self, chunk: list[str], prefixes: list[str | None] | None, first: int, bar: Any,
                   constraints: list[Any] | None = None) -> bytes:
         """One chunk's output lines, in input order, as bytes."""
+        from aiayn.errors import ConstraintError
         from aiayn.inference.alignment import last_layer_mean
-        from aiayn.inference.terms import ConstraintError
+        from aiayn.inference.request import SourceTooLong, TranslationRequest
 
         args = self.args
-        if self.stream and not args.truncate:
-            check_lengths(self.translator, chunk, first, self.where)
+        request = TranslationRequest(chunk, self.cfg, args.alignment, prefixes, constraints,
+                                     args.constraints_best_effort, truncate=args.truncate, first_number=first,
+                                     attention_summary=last_layer_mean if args.alignment else None,
+                                     progress=bar.update)
         try:
-            results = self.translator.translate_detailed(
-                chunk, nbest=args.nbest, attention=args.alignment, prefixes=prefixes, progress=bar.update,
-                attention_summary=last_layer_mean if args.alignment else None, first_number=first,
-                constraints=constraints, constraints_best_effort=args.constraints_best_effort, **self.overrides)
+            results = self.translator.run(request)
+        except SourceTooLong as exc:
+            raise too_long(self.where, first + exc.index, exc.length, exc.limit) from None
         except ConstraintError as exc:
             raise DataError(f"{self.where}:{first + exc.index}: {exc.reason} (--constraints-best-effort translates "
                             "it without them)") from None
@@ -372,7 +380,7 @@ class _Job:
         args = self.args
         skip = out.lines
         prefixes = _Prefixes(args.prefix_file, args.on_invalid_utf8, skip)
-        terms = translate_constraints.LineConstraints(args.constraints, self.terms, args.on_invalid_utf8, skip)
+        terms = translate_constraints.ConstraintsFile(args.constraints, self.terms, args.on_invalid_utf8, skip)
         n = skip
         with tqdm(total=self.total, initial=skip, unit="line", file=sys.stderr, disable=args.quiet,
                   desc="translate", dynamic_ncols=True) as bar:
@@ -427,7 +435,6 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(f"aiayn translate: {note}", file=sys.stderr)
         raise
-    job.translator.record_compiled()
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiayn import fileio
 from aiayn.errors import DataError
-from aiayn.inference.terms import LexicalConstraints, TermDictionary, parse_constraints_line
+from aiayn.inference.terms import SentenceConstraints, TermDictionary, parse_constraints_line
 
 HELP = """\
 terminology (--constraints, --terms)
@@ -66,7 +66,7 @@ def file_sha256(path: str | None) -> str | None:
     return digest.hexdigest()
 
 
-class LineConstraints:
+class ConstraintsFile:
     """The constraints of the input lines, taken chunk by chunk: the --constraints file's
     lines (one per input line; a pipe is read as the input is) merged with the ``terms``
     (the --terms dictionary, read once by :func:`check_files`) found in each line."""
@@ -85,10 +85,10 @@ class LineConstraints:
     def active(self) -> bool:
         return self.path is not None or self.terms is not None
 
-    def take(self, texts: list[str]) -> list[LexicalConstraints] | None:
+    def take(self, texts: list[str]) -> list[SentenceConstraints] | None:
         if not self.active:
             return None
-        out = [LexicalConstraints() for _ in texts]
+        out = [SentenceConstraints() for _ in texts]
         if self._lines is not None:
             got = list(itertools.islice(self._lines, len(texts)))
             for k, line in enumerate(got):

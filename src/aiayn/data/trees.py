@@ -2,7 +2,7 @@
 
 Parsing is "translated" like any other task: the source is the sentence's words, the
 target is the tree linearized into tokens, and a predicted target is turned back into a
-tree over the source words for scoring with EVALB (:mod:`aiayn.evaluation.parsing`).
+tree over the source words for scoring with EVALB (:mod:`aiayn.evaluation.evalb`).
 
 Conventions
 -----------

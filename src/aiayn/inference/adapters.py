@@ -13,9 +13,8 @@ projection, so the two compute the same numbers in every precision, int8 include
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,7 @@ from torch import Tensor
 
 from aiayn.errors import ConfigError
 from aiayn.inference.optimize import OptimizedModel, optimize_for_inference
-from aiayn.inference.search import step_log_probs
+from aiayn.inference.search import StepVocabulary, step_log_probs
 from aiayn.model import KVCache, Transformer
 
 
@@ -37,38 +36,29 @@ def _max_positions(model: Transformer) -> int | None:
 
 
 class IncrementalDecoder:
-    """Drives :meth:`Transformer.decode_step` with a :class:`KVCache`.
-
-    ``autocast``: run encoder and decoder under ``torch.autocast`` with this dtype (e.g.
-    ``torch.bfloat16``); None runs the model in whatever dtype its weights have.
-    """
+    """Drives :meth:`Transformer.decode_step` with a :class:`KVCache`, in whatever dtype the
+    inference copy's weights have."""
 
     normalized = False  # a step ends with the vocabulary projection: logits
+    # Its projection runs over per-sentence lists (a SentenceVocabulary) itself.
+    projects_sentence_lists = True
 
-    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None) -> None:
+    def __init__(self, model: Transformer | OptimizedModel) -> None:
         optimized = _optimized(model)
         self.model = optimized.model
         self.project = optimized.step_projection
-        self.autocast = autocast
         self.max_steps = _max_positions(self.model)
 
-    @contextlib.contextmanager
-    def _precision(self, device: torch.device) -> Iterator[None]:
-        if self.autocast is None:
-            yield
-        else:
-            with torch.autocast(device_type=device.type, dtype=self.autocast):
-                yield
-
     def init_state(self, src: Tensor, max_steps: int) -> KVCache:
-        with self._precision(src.device):
-            memory, src_mask = self.model.encode(src)
-            return self.model.init_cache(memory, src_mask, max_steps)
+        memory, src_mask = self.model.encode(src)
+        return self.model.init_cache(memory, src_mask, max_steps)
 
-    def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
-        with self._precision(tokens.device):
-            h, attn = self.model.decode_step(tokens, state, need_attn, project=False)  # (R, D), (R, L, H, S)
-            return self.project(h), attn  # (R, V)
+    def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False,
+             vocabulary: StepVocabulary | None = None) -> tuple[Tensor, Tensor | None]:
+        h, attn = self.model.decode_step(tokens, state, need_attn, project=False)  # (R, D), (R, L, H, S)
+        if vocabulary is not None:
+            return vocabulary.project(h, self), attn
+        return self.project(h), attn  # (R, V)
 
     def reorder(self, state: KVCache, index: Tensor, same_sources: bool = False) -> KVCache:
         state.reorder(index, same_sources=same_sources)
@@ -86,6 +76,7 @@ class RecomputingDecoder:
     """Reruns :meth:`Transformer.decode` over the whole prefix each step (no cache)."""
 
     normalized = False
+    projects_sentence_lists = False
 
     def __init__(self, model: Transformer | OptimizedModel) -> None:
         optimized = _optimized(model)
@@ -98,11 +89,15 @@ class RecomputingDecoder:
         return _FullState(memory, src_mask, torch.empty(src.size(0), 0, dtype=torch.long,
                                                         device=src.device))
 
-    def step(self, tokens: Tensor, state: _FullState, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def step(self, tokens: Tensor, state: _FullState, need_attn: bool = False,
+             vocabulary: StepVocabulary | None = None) -> tuple[Tensor, Tensor | None]:
         state.tokens = torch.cat([state.tokens, tokens[:, None]], dim=1)
         h, attn = self.model.decode(state.tokens, state.memory, state.src_mask, need_attn, project=False)
         # h (R, T, D); attn (R, L, H, T, S): keep the last position.
-        return self.project(h[:, -1]), (attn[:, :, :, -1] if attn is not None else None)
+        logits = self.project(h[:, -1])
+        if vocabulary is not None:
+            logits = vocabulary.restrict(logits, normalized=False)
+        return logits, (attn[:, :, :, -1] if attn is not None else None)
 
     def reorder(self, state: _FullState, index: Tensor, same_sources: bool = False) -> _FullState:
         return _FullState(state.memory.index_select(0, index), state.src_mask.index_select(0, index),
@@ -119,6 +114,7 @@ class EnsembleDecoder:
     """
 
     normalized = True  # the log of the mean probability: the search adds no log-softmax
+    projects_sentence_lists = False
 
     def __init__(self, members: Sequence[Any]) -> None:
         if not members:
@@ -130,11 +126,14 @@ class EnsembleDecoder:
     def init_state(self, src: Tensor, max_steps: int) -> list[Any]:
         return [m.init_state(src, max_steps) for m in self.members]
 
-    def step(self, tokens: Tensor, state: list[Any], need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def step(self, tokens: Tensor, state: list[Any], need_attn: bool = False,
+             vocabulary: StepVocabulary | None = None) -> tuple[Tensor, Tensor | None]:
         outputs = [m.step(tokens, s, need_attn) for m, s in zip(self.members, state)]
         log_probs = torch.stack([step_log_probs(logits, m.normalized)
                                  for m, (logits, _) in zip(self.members, outputs)])
         mean = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # log of the mean probability
+        if vocabulary is not None:
+            mean = vocabulary.restrict(mean, normalized=True)
         return mean, (_mean_attention([a for _, a in outputs]) if need_attn else None)
 
     def reorder(self, state: list[Any], index: Tensor, same_sources: bool = False) -> list[Any]:

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from aiayn.inference.adapters import IncrementalDecoder
 from aiayn.inference.optimize import OptimizedModel
-from aiayn.inference.search import step_log_probs
+from aiayn.inference.search import StepVocabulary, step_log_probs
 from aiayn.inference.step_packages import StepPackages, exportable
 from aiayn.model import KVCache, Transformer
 from aiayn.model.cache import LayerCache
@@ -106,7 +106,7 @@ def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
         y = y + table.index_select(0, pos.view(1)).to(y.dtype)
         lineage = _Lineage(rows, pos)
         for i, layer in enumerate(layers):
-            y = _layer_step(layer, y, lineage, self_k[i], self_v[i], cross_k[i], cross_v[i], src_mask)
+            y = _layer_step(layer, y, lineage, _LayerBuffers(self_k[i], self_v[i], cross_k[i], cross_v[i]), src_mask)
         if model.decoder_norm is not None:
             y = model.decoder_norm(y)
         return torch.log_softmax(project(y[:, 0]).float(), dim=-1)
@@ -135,8 +135,17 @@ class _Lineage(NamedTuple):
         return (probs.unsqueeze(-1) * v.float()).sum(2).to(v.dtype)
 
 
-def _layer_step(layer: DecoderLayer, y: Tensor, lineage: _Lineage, k_buf: Tensor, v_buf: Tensor,
-                cross_k: Tensor, cross_v: Tensor, src_mask: Tensor) -> Tensor:
+class _LayerBuffers(NamedTuple):
+    """One decoder layer's caches: self-attention key/value buffers and cross-attention keys/values."""
+
+    k: Tensor
+    v: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+
+
+def _layer_step(layer: DecoderLayer, y: Tensor, lineage: _Lineage, buffers: _LayerBuffers, src_mask: Tensor) -> Tensor:
+    k_buf, v_buf, cross_k, cross_v = buffers
     rows, groups = y.size(0), cross_k.size(0)
 
     def self_attn(h: Tensor) -> Tensor:
@@ -249,10 +258,10 @@ class CompiledDecoder(IncrementalDecoder):
     """
 
     normalized = True
+    projects_sentence_lists = False  # its steps score the whole vocabulary; a shortlist restricts them
 
-    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None,
-                 folder: Path | None = None) -> None:
-        super().__init__(model, autocast)
+    def __init__(self, model: Transformer | OptimizedModel, folder: Path | None = None) -> None:
+        super().__init__(model)
         if self.model.training:
             raise ValueError("CompiledDecoder: put the model in eval mode first (decoding only)")
         twin = cast(Transformer, exportable(self.model))
@@ -260,16 +269,22 @@ class CompiledDecoder(IncrementalDecoder):
         parts = [twin.tgt_embed, twin.tgt_positions, twin.decoder_layers, project]
         if twin.decoder_norm is not None:
             parts.append(twin.decoder_norm)
-        # The weights' dtypes are in the packages' fingerprint; autocast is not.
-        self.packages = StepPackages(static_step(twin, project), parts, self._precision,
-                                     tag=f"autocast {self.autocast}", folder=folder)
+        self.packages = StepPackages(static_step(twin, project), parts, folder=folder)
         self.compiled: StaticStep | None = self.packages
         self.compiled_ran = False  # a compiled step has run (its package is built or loaded)
 
     def init_state(self, src: Tensor, max_steps: int) -> IndexedKVCache:
         return IndexedKVCache(super().init_state(src, max_steps))
 
-    def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False,
+             vocabulary: StepVocabulary | None = None) -> tuple[Tensor, Tensor | None]:
+        log_probs, attn = self._step(tokens, state, need_attn)
+        if vocabulary is not None:
+            log_probs = vocabulary.restrict(log_probs, normalized=True)
+        return log_probs, attn
+
+    def _step(self, tokens: Tensor, state: KVCache, need_attn: bool) -> tuple[Tensor, Tensor | None]:
+        """The step's log-probabilities over the whole vocabulary: compiled where it can run."""
         assert isinstance(state, IndexedKVCache), "a CompiledDecoder decodes over its own init_state"
         if need_attn or state.length == 0 or self.compiled is None:
             return self._eager_step(tokens, state, need_attn)

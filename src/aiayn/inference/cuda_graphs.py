@@ -56,8 +56,8 @@ MIN_POSITIONS = 16  # the static cache's positions: a power of two, at least thi
 # multiple of it (a batch shrinking as its sentences finish records a graph per bucket it passes).
 POWER_OF_TWO_UP_TO = 64
 WARMUP_RUNS = 2  # eager runs on a side stream before recording (cuBLAS picks its kernels there)
-# `--compile auto` on a GPU: graphs are recorded in milliseconds, so any input but a handful
-# of lines pays.
+# `--compile auto` on a GPU: recording a graph runs the step a few times and compiles
+# nothing, so any input but a handful of lines pays.
 MIN_GRAPH_LINES = 8
 
 
@@ -179,13 +179,10 @@ def cuda_capture() -> Capture:
 
 class CudaGraphSteps:
     """The decoding step ``step`` (:func:`~aiayn.inference.compiled.static_step`) replayed
-    from recorded graphs, one per :class:`GraphKey`. ``precision``: the context the step runs
-    in (autocast without its weight cache, which a recorded graph cannot use)."""
+    from recorded graphs, one per :class:`GraphKey`."""
 
-    def __init__(self, step: StaticStep, precision: Callable[[torch.device], contextlib.AbstractContextManager[None]],
-                 capture: Capture | None = None) -> None:
+    def __init__(self, step: StaticStep, capture: Capture | None = None) -> None:
         self.step = step
-        self.precision = precision
         self.capture = capture if capture is not None else cuda_capture()
         self.graphs: dict[GraphKey, _Graph] = {}
         self.pools: dict[tuple[int, int, torch.dtype], _Pool] = {}
@@ -240,8 +237,7 @@ class CudaGraphSteps:
         return graph.out[:rows].clone()
 
     def _run(self, g: _Graph) -> Tensor:
-        with self.precision(g.tokens.device):
-            return self.step(g.tokens, g.pos, g.rows, g.pool.self_k, g.pool.self_v, g.cross_k, g.cross_v, g.src_mask)
+        return self.step(g.tokens, g.pos, g.rows, g.pool.self_k, g.pool.self_v, g.cross_k, g.cross_v, g.src_mask)
 
     def _bind(self, state: StaticKVCache, key: GraphKey) -> None:
         """Make ``state``'s self-attention buffers the pool's (copying what they hold the first
@@ -336,30 +332,24 @@ def _plain_tensors() -> Iterator[None]:
 class CudaGraphDecoder(CompiledDecoder):
     """:class:`~aiayn.inference.compiled.CompiledDecoder` whose compiled steps are CUDA graphs
     (:class:`CudaGraphSteps`) over a :class:`StaticKVCache`: nothing is built ahead of time,
-    a graph is recorded the first time its :class:`GraphKey` comes up (milliseconds) and kept
+    a graph is recorded the first time its :class:`GraphKey` comes up and kept
     for the decoder's life. Steps that need attention weights, the first step of a search and
     rows not in equal groups run eagerly; so does every step after a recording failed
     (with one warning). Its steps return log-probabilities."""
 
-    def __init__(self, model: Transformer | OptimizedModel, autocast: torch.dtype | None = None,
-                 capture: Capture | None = None) -> None:
+    def __init__(self, model: Transformer | OptimizedModel, capture: Capture | None = None) -> None:
         # The AOTInductor packages of CompiledDecoder are not built: only its step logic is shared.
-        IncrementalDecoder.__init__(self, model, autocast)
+        IncrementalDecoder.__init__(self, model)
         if self.model.training:
             raise ValueError("CudaGraphDecoder: put the model in eval mode first (decoding only)")
-        self.graphs = CudaGraphSteps(static_step(self.model, self.project), self._graph_precision, capture)
+        self.graphs = CudaGraphSteps(static_step(self.model, self.project), capture)
         self.compiled: CudaGraphSteps | None = self.graphs
         self.compiled_ran = False
-
-    def _graph_precision(self, device: torch.device) -> contextlib.AbstractContextManager[None]:
-        if self.autocast is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=device.type, dtype=self.autocast, cache_enabled=False)
 
     def init_state(self, src: Tensor, max_steps: int) -> StaticKVCache:
         return StaticKVCache(IncrementalDecoder.init_state(self, src, max_steps))
 
-    def step(self, tokens: Tensor, state: KVCache, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def _step(self, tokens: Tensor, state: KVCache, need_attn: bool) -> tuple[Tensor, Tensor | None]:
         assert isinstance(state, IndexedKVCache), "a CudaGraphDecoder decodes over its own init_state"
         graphs = self.compiled
         if (need_attn or state.length == 0 or graphs is None or not isinstance(state, StaticKVCache)

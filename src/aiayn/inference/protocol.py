@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from aiayn.config import Config, DecodeConfig
-from aiayn.inference.translator import TranslationResult
+from aiayn.inference.request import TranslationRequest
+from aiayn.inference.results import TranslationResult
 
 
 @runtime_checkable
@@ -40,8 +41,13 @@ class TranslatorProtocol(Protocol):
         """Up to ``nbest`` hypotheses per text, best first, with scores and pieces; with
         ``attention``, the cross-attention weights of each hypothesis."""
 
-    def source_lengths(self, texts: Sequence[str]) -> list[int]:
-        """Source tokens (EOS included) of each text, before any truncation."""
+    def run(self, request: TranslationRequest) -> list[TranslationResult]:
+        """The request's results, in input order (a backend may refuse what it cannot run,
+        e.g. prefixes or constraints, with a ConfigError)."""
+
+    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
+        """Source tokens (EOS included, a target-language tag too) of each text under ``cfg``
+        (None: the defaults), before any truncation."""
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /v1/model`` reports about the model: ``config`` and ``languages`` when

@@ -44,7 +44,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from aiayn.runtime import onednn_int8
+from aiayn.runtime.cpu import onednn_int8
 
 _QMAX = 127.0
 _QMAX_7_BITS = 63.0  # weights where oneDNN's uint8 x int8 pair sums saturate (module docstring)

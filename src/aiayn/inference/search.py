@@ -33,20 +33,20 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, overload
+from typing import Any, NamedTuple, Protocol, cast, overload
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from aiayn.config import DecodeConfig
-from aiayn.inference.constraints import AllocatingState, Constraint, ConstraintState
+from aiayn.inference.constraints import NEG_INF, AllocatingState, Constraint, ConstraintState
 from aiayn.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 
 logger = logging.getLogger(__name__)
 
 
-NEG_INF = float("-inf")
+
 # The log-probability given to a forced token (EOS at the maximum length, a prefix token)
 # that the model assigns probability 0.
 FORCED_FLOOR = -1e4
@@ -63,15 +63,18 @@ class DecoderModel(Protocol):
 
     max_steps: int | None
     normalized: bool
+    projects_sentence_lists: bool  # its step projects onto a narrowing vocabulary itself
 
     def init_state(self, src: Tensor, max_steps: int) -> Any:
         """Encode ``src`` (B, S) and allocate whatever a step needs for ``max_steps`` steps."""
         ...
 
-    def step(self, tokens: Tensor, state: Any, need_attn: bool = False) -> tuple[Tensor, Tensor | None]:
+    def step(self, tokens: Tensor, state: Any, need_attn: bool = False,
+             vocabulary: StepVocabulary | None = None) -> tuple[Tensor, Tensor | None]:
         """Feed the previous tokens (R,) (BOS first) -> logits, or log-probs when
         ``normalized``, (R, V) and, with ``need_attn``, cross-attention weights (R, L, H, S)
-        (any leading layout is fine as long as the first dimension is R and the last is S)."""
+        (any leading layout is fine as long as the first dimension is R and the last is S).
+        With ``vocabulary``, only its ids are scored (:class:`StepVocabulary`)."""
         ...
 
     def reorder(self, state: Any, index: Tensor, same_sources: bool = False) -> Any:
@@ -84,14 +87,40 @@ class DecoderModel(Protocol):
         ...
 
 
-class StepColumns(Protocol):
-    """Which vocabulary id each column of a narrowed step's scores stands for, row by row.
+class StepVocabulary(Protocol):
+    """The ids a step scores: a vocabulary shortlist, an argument of the model's ``step``.
 
-    A model whose ``step`` scores fewer columns than the vocabulary (a per-sentence shortlist)
-    has a method ``step_columns(state)`` that returns one of these for the state's rows. Its
-    first columns are the special ids themselves (PAD, UNK, BOS, EOS: column = id), so the
-    masks of those ids need no translation.
+    One that does not ``narrow`` gives every id of the vocabulary a score, -inf outside its
+    ids. One that narrows returns fewer columns than the vocabulary, row by row (each
+    sentence its own list); it then says which id each column stands for (:meth:`ids`,
+    :meth:`columns`) and follows the search's rows (:meth:`start`, :meth:`select`). Its first
+    columns are the special ids themselves (PAD, UNK, BOS, EOS: column = id), so the masks of
+    those ids need no translation.
     """
+
+    narrows: bool
+
+    def start(self, sentences: int) -> None:
+        """A search begins with one row per sentence."""
+        ...
+
+    def select(self, index: Tensor, same_sources: bool = False) -> None:
+        """Keep rows ``index`` in that order (as ``DecoderModel.reorder``)."""
+        ...
+
+    def project(self, h: Tensor, decoder: Any) -> Tensor:
+        """Scores of the decoder states ``h`` (R, D) under ``decoder``'s vocabulary projection
+        (``decoder.project``, over ``decoder.model``'s output weight), for this vocabulary."""
+        ...
+
+    def restrict(self, scores: Tensor, normalized: bool) -> Tensor:
+        """Whole-vocabulary scores (R, V) restricted to this vocabulary; log-probabilities
+        (``normalized``) are normalized again over it."""
+        ...
+
+
+class NarrowedVocabulary(StepVocabulary, Protocol):
+    """A :class:`StepVocabulary` that ``narrows``: which id each column stands for."""
 
     def ids(self, rows: Tensor, cols: Tensor) -> Tensor:
         """The vocabulary ids of columns ``cols`` of rows ``rows`` (broadcast together)."""
@@ -101,6 +130,28 @@ class StepColumns(Protocol):
         """The columns of ``ids`` in rows ``rows`` (broadcast together); an id the row does not
         score gets PAD's column, which every step masks anyway."""
         ...
+
+
+@dataclass(frozen=True)
+class SearchInputs:
+    """What a search is given besides the model, the sources and the decoding options.
+
+    Attributes:
+        prefix: Per sentence, target ids its outputs must start with (None: no prefixes).
+        need_attn: Keep every step's cross-attention for the hypotheses.
+        constraint: What the next token of each row may be (constrained decoding).
+        vocabulary: The ids the model's steps score (a vocabulary shortlist), given to
+            every ``step``; None: the whole vocabulary.
+        pad, bos, eos: The special ids (``aiayn.vocab``'s unless a model has others).
+    """
+
+    prefix: list[list[int]] | None = None
+    need_attn: bool = False
+    constraint: Constraint | None = None
+    vocabulary: StepVocabulary | None = None
+    pad: int = PAD_ID
+    bos: int = BOS_ID
+    eos: int = EOS_ID
 
 
 @dataclass
@@ -321,7 +372,7 @@ class _LiveRows:
     tokens: Tensor  # (R, t) the tokens so far
     attn: Tensor | None = None  # (R, t, ..., S) cross-attention of every step so far
     constraint: ConstraintState | None = None  # what the next token may be (constrained decoding)
-    columns: StepColumns | None = None  # the last step's, for a model that narrows its steps
+    columns: NarrowedVocabulary | None = None  # the steps' columns, where they narrow the vocabulary
 
     def add_attention(self, attn: Tensor | None) -> None:
         """Append a step's cross-attention (R, ..., S), if the model returned one."""
@@ -362,7 +413,7 @@ class _OngoingSearch:
     model: DecoderModel
     cfg: DecodeConfig
     masks: _StepMasks
-    need_attn: bool
+    inputs: SearchInputs
     src_len: Tensor  # (B,) on the CPU: |x| per sentence
     max_len: Tensor  # (B,) on the CPU: the most output tokens per sentence
     total_steps: int  # steps that the longest allowed output needs (its EOS included)
@@ -375,15 +426,11 @@ class _OngoingSearch:
         (R, C) over the columns of ``rows.columns`` for a model that narrows its steps (whose
         special ids are their own columns: EOS is found, masked and chosen as in (R, V))."""
         rows = self.rows
-        logits, attn = self.model.step(rows.prev, self.state, self.need_attn)
+        logits, attn = self.model.step(rows.prev, self.state, self.inputs.need_attn, self.inputs.vocabulary)
         lprobs = step_log_probs(logits, self.model.normalized)
         hist, prefix = rows.tokens, rows.prefix
-        narrowed = getattr(self.model, "step_columns", None)
-        if narrowed is not None:
-            if rows.constraint is not None:
-                raise ValueError("a constraint masks the whole vocabulary: it cannot drive a model that "
-                                 "narrows its steps")
-            rows.columns = columns = narrowed(self.state)
+        columns = rows.columns
+        if columns is not None:
             row_ids = torch.arange(lprobs.size(0), device=lprobs.device)[:, None]
             if self.masks.no_repeat_ngram_size > 0:  # one-to-one: a row emits only its columns' ids
                 hist = columns.columns(row_ids, hist)
@@ -411,44 +458,52 @@ class _OngoingSearch:
     def reorder(self, index: Tensor, same_sources: bool = False) -> None:
         """Keep rows ``index`` of the model state and of the live rows."""
         self.state = self.model.reorder(self.state, index, same_sources=same_sources)
+        if self.inputs.vocabulary is not None:
+            self.inputs.vocabulary.select(index, same_sources=same_sources)
         self.rows.select(index)
 
 
-def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, copies: int, nbest: int,
-           prefix: list[list[int]] | None, need_attn: bool, pad: int, bos: int, eos: int,
-           constraint: Constraint | None = None) -> _OngoingSearch | None:
+def _start(model: DecoderModel, src: Tensor, cfg: DecodeConfig, inputs: SearchInputs, copies: int,
+           nbest: int) -> _OngoingSearch | None:
     """Encode ``src`` and set up ``copies`` rows per sentence; None for an empty batch."""
     device = src.device
     n_sent = src.size(0)
-    src_len = source_lengths(src, pad).cpu()
-    prefix_all, prefix_len = _prefix_tensor(prefix, n_sent, device)
+    src_len = source_lengths(src, inputs.pad).cpu()
+    prefix_all, prefix_len = _prefix_tensor(inputs.prefix, n_sent, device)
     max_len = max_output_lengths(src_len, cfg, model.max_steps, prefix_len)
     if n_sent == 0:
         return None
+    vocabulary = inputs.vocabulary
+    narrows = vocabulary is not None and vocabulary.narrows
+    if narrows and inputs.constraint is not None:
+        raise ValueError("a constraint masks the whole vocabulary: it cannot drive steps that narrow it")
     total_steps = int(max_len.max()) + 1
     state = model.init_state(src, total_steps)
+    if vocabulary is not None:
+        vocabulary.start(n_sent)
     sent = torch.arange(n_sent).repeat_interleave(copies)
     if copies > 1:
         state = model.reorder(state, sent.to(device))
+        if vocabulary is not None:
+            vocabulary.select(sent.to(device))
     n_rows = sent.numel()
     rows = _LiveRows(sent=sent, max_len=max_len.repeat_interleave(copies).to(device),
-                 prefix=prefix_all.repeat_interleave(copies, dim=0),
-                 prev=torch.full((n_rows,), bos, dtype=torch.long, device=device),
-                 tokens=torch.empty(n_rows, 0, dtype=torch.long, device=device))
-    if constraint is not None:
-        rows.constraint = constraint.start(sent.to(device), rows.max_len)
-    masks = _StepMasks(cfg.min_len, cfg.no_repeat_ngram_size, pad, bos, eos)
-    return _OngoingSearch(model, cfg, masks, need_attn, src_len, max_len, total_steps, state, rows,
+                     prefix=prefix_all.repeat_interleave(copies, dim=0),
+                     prev=torch.full((n_rows,), inputs.bos, dtype=torch.long, device=device),
+                     tokens=torch.empty(n_rows, 0, dtype=torch.long, device=device),
+                     columns=cast(NarrowedVocabulary, vocabulary) if narrows else None)
+    if inputs.constraint is not None:
+        rows.constraint = inputs.constraint.start(sent.to(device), rows.max_len)
+    masks = _StepMasks(cfg.min_len, cfg.no_repeat_ngram_size, inputs.pad, inputs.bos, inputs.eos)
+    return _OngoingSearch(model, cfg, masks, inputs, src_len, max_len, total_steps, state, rows,
                           _FinishedHypotheses(n_sent, nbest))
 
 
 # ----------------------------------------------------------------------- searches
 
 
-def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
-           prefix: list[list[int]] | None = None, need_attn: bool = False,
-           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
-           constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
+def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig,
+           inputs: SearchInputs = SearchInputs()) -> list[list[SearchHypothesis]]:
     """Dispatch on ``cfg``: sampling, greedy (beam 1) or beam search.
 
     Returns, per sentence of ``src``, up to ``cfg.nbest`` hypotheses, best first.
@@ -460,15 +515,12 @@ def search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
         strategy = greedy_search
     else:
         strategy = beam_search
-    return strategy(model, src, cfg, prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos,
-                    constraint=constraint)
+    return strategy(model, src, cfg, inputs)
 
 
 @torch.inference_mode()
-def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
-                prefix: list[list[int]] | None = None, need_attn: bool = False,
-                pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
-                constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
+def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig,
+                inputs: SearchInputs = SearchInputs()) -> list[list[SearchHypothesis]]:
     """Beam search batched over sentences x beams (``cfg.beam`` = K).
 
     Each step scores all K*V continuations of a sentence's live beams and takes the 2K
@@ -486,10 +538,10 @@ def beam_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     among the K best continuations of the hypotheses that met every constraint
     (:meth:`_Beams.complete`).
     """
-    run = _start(model, src, cfg, copies=1, nbest=cfg.nbest, prefix=prefix, need_attn=need_attn,
-                 pad=pad, bos=bos, eos=eos, constraint=constraint)
+    run = _start(model, src, cfg, inputs, copies=1, nbest=cfg.nbest)
     if run is None:
         return []
+    eos = inputs.eos
     # The largest length penalty a live hypothesis may still get (at the longest allowed
     # output; lp is monotone in the length, so the next length covers alpha < 0).
     lp_at_max = length_penalty(run.max_len.double() + 1, cfg.lenpen, cfg.lenpen_style).float()
@@ -659,20 +711,15 @@ def _advance_beams(run: _OngoingSearch, live: _Beams, k: int, done: Tensor) -> T
 
 
 @torch.inference_mode()
-def greedy_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
-                  prefix: list[list[int]] | None = None, need_attn: bool = False,
-                  pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
-                  constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
+def greedy_search(model: DecoderModel, src: Tensor, cfg: DecodeConfig,
+                  inputs: SearchInputs = SearchInputs()) -> list[list[SearchHypothesis]]:
     """The most probable token at each step; one hypothesis per sentence."""
-    return _sample_or_greedy(model, src, cfg, greedy=True, prefix=prefix, need_attn=need_attn,
-                             pad=pad, bos=bos, eos=eos, constraint=constraint)
+    return _sample_or_greedy(model, src, cfg, inputs, greedy=True)
 
 
 @torch.inference_mode()
-def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
-           prefix: list[list[int]] | None = None, need_attn: bool = False,
-           pad: int = PAD_ID, bos: int = BOS_ID, eos: int = EOS_ID,
-           constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
+def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig,
+           inputs: SearchInputs = SearchInputs()) -> list[list[SearchHypothesis]]:
     """``cfg.beam`` independent samples per sentence; the ``cfg.nbest`` best-scored are
     returned, best first (fairseq's ``--sampling --beam K``; beam 1 = plain sampling).
 
@@ -682,8 +729,7 @@ def sample(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *,
     length-normalised like beam hypotheses. ``cfg.seed`` seeds a private generator, so a
     call is reproducible; the draws depend on the batch's composition (as in fairseq).
     """
-    return _sample_or_greedy(model, src, cfg, greedy=False, prefix=prefix, need_attn=need_attn,
-                             pad=pad, bos=bos, eos=eos, constraint=constraint)
+    return _sample_or_greedy(model, src, cfg, inputs, greedy=False)
 
 
 def _filter_top_k_top_p(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -709,13 +755,10 @@ def _draw(lprobs: Tensor, cfg: DecodeConfig, generator: torch.Generator | None) 
     return torch.multinomial(draw.softmax(dim=-1), 1, generator=generator)[:, 0]
 
 
-def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, greedy: bool,
-                      prefix: list[list[int]] | None, need_attn: bool,
-                      pad: int, bos: int, eos: int,
-                      constraint: Constraint | None = None) -> list[list[SearchHypothesis]]:
+def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, inputs: SearchInputs,
+                      greedy: bool) -> list[list[SearchHypothesis]]:
     """One row per (sentence, sample), each extended by its own token until it chooses EOS."""
-    run = _start(model, src, cfg, copies=1 if greedy else cfg.beam, nbest=1 if greedy else cfg.nbest,
-                 prefix=prefix, need_attn=need_attn, pad=pad, bos=bos, eos=eos, constraint=constraint)
+    run = _start(model, src, cfg, inputs, copies=1 if greedy else cfg.beam, nbest=1 if greedy else cfg.nbest)
     if run is None:
         return []
     generator = None
@@ -734,7 +777,7 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
             scores, lprobs = scores[alive], lprobs[alive]
         tok = lprobs.argmax(dim=-1) if greedy else _draw(lprobs, cfg, generator)
         scores = scores + lprobs.gather(1, tok[:, None])[:, 0]
-        ended = tok == eos
+        ended = tok == inputs.eos
         if bool(ended.any()):
             rows = ended.nonzero(as_tuple=True)[0]
             run.finish(rows, scores[rows].tolist(), t)
@@ -748,7 +791,8 @@ def _sample_or_greedy(model: DecoderModel, src: Tensor, cfg: DecodeConfig, *, gr
 
 
 __all__ = [
-    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "DecoderModel", "SearchHypothesis", "StepColumns", "beam_search",
+    "BOS_ID", "EOS_ID", "PAD_ID", "UNK_ID", "DecoderModel", "SearchHypothesis", "SearchInputs", "StepVocabulary",
+    "beam_search",
     "greedy_search", "length_penalty", "max_output_lengths", "sample", "search", "source_lengths",
     "step_log_probs",
 ]

@@ -12,7 +12,7 @@ A package depends on everything its code was built from, and its file name is a 
 all of it: the values of every tensor the step reads, the precision, the beam's rows per
 source (the step reshapes by it), the torch version, the device kind and the CPU's
 instruction sets. Packages live under ``aoti/`` in the compile cache folder
-(:func:`aiayn.runtime.compile_cache_dir`) and are written under a temporary name, then renamed.
+(:func:`aiayn.runtime.compile_cache.compile_cache_dir`) and are written under a temporary name, then renamed.
 
 A package is verified before it is used: beside it, ``NAME.json`` records the weights'
 fingerprint and key it was built for and the SHA-256 of the package's bytes. A package
@@ -40,7 +40,6 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +47,13 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.inference.quantize import Int8Linear
-from aiayn.runtime import compile_cache_dir, cpu_flags, use_compile_cache
+from aiayn.runtime.compile_cache import compile_cache_dir, use_compile_cache
+from aiayn.runtime.cpu import cpu_flags
 
 log = logging.getLogger(__name__)
 
 Step = Callable[..., Tensor]
-FORMAT = 3  # bumped when the step's signature, the key's contents or the record's change
+FORMAT = 4  # bumped when the step's signature, the key's contents or the record's change
 # The devices packages are built for. On CUDA, loading a package of this step crashed the
 # process (a segmentation fault, with torch's loader and its public function alike: no
 # fallback can catch that; docs/gpu.md), so a call there is refused before anything is built,
@@ -106,18 +106,13 @@ class StepPackages:
 
     ``step(tokens, pos, rows, self_k, self_v, cross_k, cross_v, src_mask)`` (see
     :func:`~aiayn.inference.compiled.static_step`) over ``modules`` (the weights it reads,
-    already made :func:`exportable`); ``precision(device)``: the context the step is traced in
-    (e.g. autocast); ``tag``: what else the compiled code depends on, beyond the weights' names,
-    dtypes and values (e.g. the autocast dtype).
+    already made :func:`exportable`): the weights' names, dtypes and values are all the
+    compiled code depends on besides the step's code, torch and the CPU, and all are in its key.
     """
 
-    def __init__(self, step: Step, modules: list[nn.Module],
-                 precision: Callable[[torch.device], AbstractContextManager[None]], tag: str,
-                 folder: Path | None = None) -> None:
+    def __init__(self, step: Step, modules: list[nn.Module], folder: Path | None = None) -> None:
         self.step = step
         self.modules = modules
-        self.precision = precision
-        self.tag = tag
         self.folder = folder
         self._fingerprint: str | None = None
         self.runners: dict[int, Step] = {}
@@ -142,7 +137,7 @@ class StepPackages:
     def _key(self, per_source: int, device: torch.device) -> str:
         if self._fingerprint is None:
             self._fingerprint = weights_fingerprint(self.modules)
-        return json.dumps({"format": FORMAT, "weights": self._fingerprint, "tag": self.tag, "per_source": per_source,
+        return json.dumps({"format": FORMAT, "weights": self._fingerprint, "per_source": per_source,
                            "torch": torch.__version__, "device": device.type, "cpu": sorted(cpu_flags())},
                           sort_keys=True)
 
@@ -190,7 +185,7 @@ class StepPackages:
             cross = [{0: groups, 2: source}] * layers
             shapes = ({0: rows}, None, {0: positions, 1: rows}, buffers, buffers, cross, cross, {0: groups, 3: source})
             # Sizes equal by chance in the example stay separate symbols.
-            with self.precision(example[0].device), torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
+            with torch.fx.experimental._config.patch(use_duck_shape=False):  # type: ignore[attr-defined]
                 program = torch.export.export(_Module(self.step), example, dynamic_shapes=shapes, strict=False)
             path.parent.mkdir(parents=True, exist_ok=True)
             partial = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:8]}.pt2")
@@ -243,10 +238,10 @@ def _load(path: Path) -> Step:
     """The package at ``path`` as a function of the step's arguments.
 
     ``torch._inductor.aoti_load_package`` first imports inductor and probes the CPU's vector
-    instruction sets by building test programs (about 2 s on a small CPU, once per process);
-    the C++ loader it wraps loads a package in milliseconds, and the CPU was already checked:
-    its flags are part of the package's name. torch's function is the fallback where that
-    loader is not where this torch version keeps it."""
+    instruction sets by compiling test programs (once per process); the C++ loader it wraps
+    does neither, and the CPU was already checked: its flags are part of the package's name.
+    torch's function is the fallback where that loader is not where this torch version keeps
+    it."""
     loader_type = getattr(getattr(torch._C, "_aoti", None), "AOTIModelPackageLoader", None)
     if loader_type is None:
         runner: Step = torch._inductor.aoti_load_package(str(path))

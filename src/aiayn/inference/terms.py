@@ -1,7 +1,7 @@
 """Terminology for translation: which phrases a sentence's translation must contain, and
 which it must not, as users give them.
 
-- :class:`LexicalConstraints`: one sentence's ``include`` and ``exclude`` phrases (text).
+- :class:`SentenceConstraints`: one sentence's ``include`` and ``exclude`` phrases (text).
 - :func:`read_constraints`: a constraints file, one JSON value per input line: ``[]``, an
   empty line or ``null`` for none, a list of phrases to include (``["Hund", "roten
   Ball"]``), or an object ``{"include": [...], "exclude": [...]}``.
@@ -9,7 +9,7 @@ which it must not, as users give them.
   are the targets of the source terms that occur in it (whole words, any case).
 
 The translator (:mod:`aiayn.inference.translator`) segments the phrases with the target
-SentencePiece model and searches under :class:`aiayn.inference.constraints.LexicalConstraint`.
+SentencePiece model and searches under :class:`aiayn.inference.phrase_constraints.PhraseConstraint`.
 """
 
 from __future__ import annotations
@@ -32,19 +32,8 @@ MAX_PHRASE_CHARS = 1000
 MAX_PHRASES = 100
 
 
-class ConstraintError(DataError):
-    """A sentence whose constraints cannot be met: ``index`` is its position among the texts
-    translated, ``reason`` says why. The message names it as ``texts[index]``; a command
-    line re-words it as ``FILE:LINE``."""
-
-    def __init__(self, index: int, reason: str) -> None:
-        super().__init__(f"texts[{index}]: {reason}")
-        self.index = index
-        self.reason = reason
-
-
 @dataclass(frozen=True)
-class LexicalConstraints:
+class SentenceConstraints:
     """One sentence's terms: every ``include`` phrase must appear in its translation (in any
     position, in any order), no ``exclude`` phrase may. Phrases are text; the translator
     segments them with the target SentencePiece model as a word inside a sentence (each
@@ -57,13 +46,13 @@ class LexicalConstraints:
         return bool(self.include or self.exclude)
 
     @classmethod
-    def coerce(cls, value: Any, where: str = "constraints") -> LexicalConstraints:
+    def coerce(cls, value: Any, where: str = "constraints") -> SentenceConstraints:
         """From what a user writes: None (no constraint), a list of phrases to include, or an
         object ``{"include": [...], "exclude": [...]}`` (either key may be left out); a
-        :class:`LexicalConstraints` passes through. Raises ValueError naming ``where``."""
+        :class:`SentenceConstraints` passes through. Raises ValueError naming ``where``."""
         if value is None:
             return cls()
-        if isinstance(value, LexicalConstraints):
+        if isinstance(value, SentenceConstraints):
             return value
         if isinstance(value, (list, tuple)):
             return cls(_phrases(value, where), ())
@@ -76,10 +65,10 @@ class LexicalConstraints:
         raise ValueError(f"{where}: expected a list of phrases or an object with 'include'/'exclude', "
                          f"got {type(value).__name__}")
 
-    def merged(self, other: LexicalConstraints) -> LexicalConstraints:
+    def merged(self, other: SentenceConstraints) -> SentenceConstraints:
         """Both sets of phrases, each phrase once, in order of appearance."""
-        return LexicalConstraints(tuple(dict.fromkeys(self.include + other.include)),
-                                  tuple(dict.fromkeys(self.exclude + other.exclude)))
+        return SentenceConstraints(tuple(dict.fromkeys(self.include + other.include)),
+                                   tuple(dict.fromkeys(self.exclude + other.exclude)))
 
 
 def _phrases(items: Any, where: str) -> tuple[str, ...]:
@@ -104,17 +93,17 @@ def _phrases(items: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def read_constraints(path: str | os.PathLike, on_invalid_utf8: str = "error") -> Iterator[LexicalConstraints]:
-    """One :class:`LexicalConstraints` per line of a constraints file (plain or gzip); a
+def read_constraints(path: str | os.PathLike, on_invalid_utf8: str = "error") -> Iterator[SentenceConstraints]:
+    """One :class:`SentenceConstraints` per line of a constraints file (plain or gzip); a
     line that is not one is a :class:`DataError` naming ``path:line``."""
     for lineno, line in enumerate(fileio.iter_text_lines(path, on_invalid_utf8, strip="both"), 1):
         yield parse_constraints_line(line or "", f"{path}:{lineno}")
 
 
-def parse_constraints_line(line: str, where: str) -> LexicalConstraints:
+def parse_constraints_line(line: str, where: str) -> SentenceConstraints:
     """One line of a constraints file (see the module) -> its constraints; errors name ``where``."""
     if not line.strip():
-        return LexicalConstraints()
+        return SentenceConstraints()
     try:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -127,7 +116,7 @@ def parse_constraints_line(line: str, where: str) -> LexicalConstraints:
         raise DataError(f"{where}: a number of more than {sys.get_int_max_str_digits()} digits; a constraint "
                         "holds phrases (JSON strings)") from None
     try:
-        return LexicalConstraints.coerce(value, "constraints")
+        return SentenceConstraints.coerce(value, "constraints")
     except ValueError as exc:
         raise DataError(f"{where}: {exc}") from None
 
@@ -171,17 +160,17 @@ class TermDictionary:
             first_line.setdefault(key, lineno)
         return cls(terms)
 
-    def constraints(self, text: str) -> LexicalConstraints:
+    def constraints(self, text: str) -> SentenceConstraints:
         """The targets of the terms found in ``text``, in order of occurrence, each once."""
         if self._regex is None:
-            return LexicalConstraints()
+            return SentenceConstraints()
         found = [self.terms[" ".join(m.group(0).split()).casefold()] for m in self._regex.finditer(text)]
-        return LexicalConstraints(tuple(dict.fromkeys(found)), ())
+        return SentenceConstraints(tuple(dict.fromkeys(found)), ())
 
 
-def constraints_list(values: Any, n: int, where: str = "constraints") -> list[LexicalConstraints]:
+def constraints_list(values: Any, n: int, where: str = "constraints") -> list[SentenceConstraints]:
     """Per-text constraints as the Python API takes them (a sequence of ``n`` values, each
-    what :meth:`LexicalConstraints.coerce` takes) -> a list of ``n``; a bad one is a
+    what :meth:`SentenceConstraints.coerce` takes) -> a list of ``n``; a bad one is a
     :class:`DataError` naming it."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise DataError(f"{where}: expected one entry per text, got {type(values).__name__}")
@@ -190,11 +179,11 @@ def constraints_list(values: Any, n: int, where: str = "constraints") -> list[Le
     out = []
     for i, value in enumerate(values):
         try:
-            out.append(LexicalConstraints.coerce(value, f"{where}[{i}]"))
+            out.append(SentenceConstraints.coerce(value, f"{where}[{i}]"))
         except ValueError as exc:
             raise DataError(str(exc)) from None
     return out
 
 
-__all__ = ["MAX_PHRASES", "MAX_PHRASE_CHARS", "ConstraintError", "LexicalConstraints", "TermDictionary",
+__all__ = ["MAX_PHRASES", "MAX_PHRASE_CHARS", "SentenceConstraints", "TermDictionary",
            "constraints_list", "parse_constraints_line", "read_constraints"]

@@ -29,7 +29,8 @@ import torch
 
 from aiayn.config import Config, DecodeConfig, load_config, to_dict
 from aiayn.errors import ConfigError, InteropError
-from aiayn.inference.translator import Hypothesis, TranslationResult
+from aiayn.inference.request import TranslationRequest
+from aiayn.inference.results import Hypothesis, TranslationResult
 from aiayn.interop.ctranslate2 import CONFIG_FILE
 from aiayn.interop.marian_format import require
 from aiayn.text.tokenizer import lang_tag
@@ -87,9 +88,10 @@ class CTranslate2Translator:
         self.max_src_len: int | None = self.config.model.max_positions if self.config is not None else None
         self._warned_gnmt = False
 
-    def source_lengths(self, texts: Sequence[str]) -> list[int]:
-        """Source pieces (EOS included) of each text."""
-        return [len(self.tokenizer.src_pieces(t)) for t in texts]
+    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
+        """Source pieces (EOS included, a target-language tag too) of each text."""
+        tag = self._lang_tag(cfg or self.decode)
+        return [len(tag) + len(self.tokenizer.src_pieces(t)) for t in texts]
 
     def describe(self) -> dict[str, Any]:
         """The export's configuration and languages (when aiayn wrote it) and vocabulary."""
@@ -132,7 +134,13 @@ class CTranslate2Translator:
 
     def translate_detailed(self, texts: Sequence[str], nbest: int = 1, attention: bool = False,
                            **overrides: Any) -> list[TranslationResult]:
-        cfg = self.decode_config(**{**overrides, "nbest": nbest})
+        return self.run(TranslationRequest(texts, self.decode_config(**{**overrides, "nbest": nbest}), attention))
+
+    def run(self, request: TranslationRequest) -> list[TranslationResult]:
+        """The request's results; prefixes and constraints are refused (a ConfigError)."""
+        if request.prefixes is not None or request.constraints is not None or request.grammar is not None:
+            raise ConfigError("the CTranslate2 backend translates without prefixes or constraints")
+        cfg, texts, attention = request.decode, request.texts, request.attention
         if cfg.lenpen_style == "gnmt" and cfg.lenpen and not self._warned_gnmt:
             log.warning("CTranslate2 normalizes scores by |Y|^alpha: the 'gnmt' length penalty "
                         "((5+|Y|)/6)^alpha is served as |Y|^alpha with alpha %.2f", cfg.lenpen)
@@ -142,7 +150,7 @@ class CTranslate2Translator:
         pieces = {i: tag + self.tokenizer.src_pieces(t) for i, t in enumerate(texts) if t.strip()}
         for i, text in enumerate(texts):
             if not text.strip():
-                results[i].hypotheses = [Hypothesis("", [], 0.0, [EOS_PIECE], [EOS_PIECE])]
+                results[i].hypotheses = [Hypothesis.empty()]
         # aiayn's bound is per sentence (a * |x| + b tokens before EOS); CTranslate2's is per
         # call, so sentences with the same bound go together.
         by_bound: dict[int, list[int]] = defaultdict(list)

@@ -34,7 +34,7 @@ from aiayn.evaluation.bleu import corpus_bleu
 from aiayn.fileio import check_empty_dir
 from aiayn.inference.translator import Translator
 from aiayn.model import Transformer, build_model
-from aiayn.runtime import set_threads
+from aiayn.runtime.process import set_threads
 from aiayn.training.distributed import DistInfo, all_gather_json, barrier, cleanup, init_distributed
 from aiayn.training.loggers import check_available
 from aiayn.training.optim import build_optimizer

@@ -55,9 +55,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
 from aiayn.inference.protocol import TranslatorProtocol
-from aiayn.inference.translator import Hypothesis, TranslationResult
+from aiayn.inference.request import TranslationRequest
+from aiayn.inference.results import Hypothesis, TranslationResult
+from aiayn.inference.terms import SentenceConstraints
 from aiayn.serving.auth import APIKeyMiddleware, check_api_key, check_cors_origin
-from aiayn.serving.batcher import DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
+from aiayn.serving.batcher import BatchLimits, DecodeOptions, DynamicBatcher, QueueFullError, ShuttingDownError
 from aiayn.serving.metrics import CONTENT_TYPE, ServerMetrics
 from aiayn.serving.schemas import ErrorBody, RequestBase, TranslateRequest, TranslateResponse
 
@@ -363,10 +365,10 @@ class TranslationService:
         self.settings = settings
         self.metrics = metrics
         self.max_positions = translator.max_src_len
-        self.batcher = DynamicBatcher(
-            self._translate, metrics=metrics, max_batch_tokens=settings.max_batch_tokens,
-            max_batch_sentences=settings.max_batch_sentences, window_ms=settings.batch_window_ms,
-            queue_size=settings.queue_size, enabled=settings.batching, target_tokens=_best_target_tokens)
+        limits = BatchLimits(settings.max_batch_tokens, settings.max_batch_sentences, settings.batch_window_ms,
+                             settings.queue_size)
+        self.batcher = DynamicBatcher(self._translate, metrics=metrics, limits=limits, enabled=settings.batching,
+                                      target_tokens=_best_target_tokens)
         self.closing = False
 
     @contextlib.asynccontextmanager
@@ -387,13 +389,15 @@ class TranslationService:
         # Runs on the batcher's worker thread: the only thread that touches the model.
         overrides = dict(overrides)
         lexical = overrides.pop(LEXICAL_KEY, None)
+        constraints, best_effort = None, False
         if lexical is not None:
             # Requests share a batch only with equal options, so every request of this batch
             # has these constraints, one per text: text i takes entry i modulo their number.
             per_text, best_effort = lexical
-            overrides["constraints"] = [json.loads(per_text[i % len(per_text)]) for i in range(len(texts))]
-            overrides["constraints_best_effort"] = best_effort
-        return self.translator.translate_detailed(texts, nbest=nbest, attention=attention, **overrides)
+            constraints = [per_text[i % len(per_text)] for i in range(len(texts))]
+        decode = self.translator.decode_config(**{**overrides, "nbest": nbest})
+        return self.translator.run(TranslationRequest(texts, decode, attention, constraints=constraints,
+                                                      best_effort=best_effort, truncate=False))
 
     def check_limits(self, req: RequestBase) -> list[int]:
         s = self.settings
@@ -404,7 +408,11 @@ class TranslationService:
             if len(text) > s.max_chars:
                 raise APIError(422, "text_too_long",
                                f"texts[{i}]: {len(text)} characters; the limit is {s.max_chars}")
-        lengths = self.translator.source_lengths(req.texts)
+        try:
+            decode = self.translator.decode_config(**req.decode_overrides())
+        except AiaynError as exc:
+            raise APIError(422, "invalid_request", str(exc)) from None
+        lengths = self.translator.source_lengths(req.texts, decode)
         if self.max_positions is not None:
             for i, n in enumerate(lengths):
                 if n > self.max_positions:
@@ -451,11 +459,11 @@ class TranslationService:
         overrides = req.decode_overrides()
         try:
             lexical = req.lexical_constraints()
+            if lexical is not None:  # hashable values, so that the options can be compared and grouped
+                overrides[LEXICAL_KEY] = (tuple(SentenceConstraints.coerce(c, f"constraints[{i}]")
+                                                for i, c in enumerate(lexical)), req.constraints_best_effort)
         except ValueError as exc:
             raise APIError(422, "invalid_request", str(exc)) from None
-        if lexical is not None:  # hashable, so that the options can be compared and grouped
-            overrides[LEXICAL_KEY] = (tuple(json.dumps(c, ensure_ascii=False) for c in lexical),
-                                      req.constraints_best_effort)
         options = DecodeOptions.make(req.nbest, req.attention, overrides)
         try:
             future = self.batcher.submit(req.texts, lengths, options)

@@ -64,27 +64,39 @@ class _Pending:
     arrived: float = field(default_factory=time.monotonic)
 
 
+@dataclass(frozen=True)
+class BatchLimits:
+    """How large a batch may grow and how long it waits: ``max_batch_tokens`` bounds its padded
+    source size (sentences x longest source), the usual token budget; ``max_batch_sentences``
+    its rows; ``window_ms`` how long the first request waits for others; ``queue_size`` the
+    requests waiting before a new one is refused."""
+
+    max_batch_tokens: int = 4096
+    max_batch_sentences: int = 64
+    window_ms: float = 5.0
+    queue_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.queue_size < 1 or self.max_batch_tokens < 1 or self.max_batch_sentences < 1 or self.window_ms < 0:
+            raise ValueError("queue_size, max_batch_tokens, max_batch_sentences must be positive, window_ms >= 0")
+
+
 class DynamicBatcher:
     """Queue + worker thread. :meth:`submit` returns a future of one result per text.
 
-    ``max_batch_tokens`` bounds the padded source size of a batch (sentences x longest
-    source), the usual token budget; ``max_batch_sentences`` bounds its rows. With
-    ``enabled=False`` every request is translated on its own, one after the other (the
-    baseline the benchmark compares against).
+    Batches grow within ``limits`` (:class:`BatchLimits`). With ``enabled=False`` every request
+    is translated on its own, one after the other (the baseline the benchmark compares against).
     """
 
     def __init__(self, translate_fn: TranslateFn, *, metrics: ServerMetrics | None = None,
-                 max_batch_tokens: int = 4096, max_batch_sentences: int = 64, window_ms: float = 5.0,
-                 queue_size: int = 256, enabled: bool = True,
+                 limits: BatchLimits = BatchLimits(), enabled: bool = True,
                  target_tokens: Callable[[Any], int] | None = None) -> None:
-        if queue_size < 1 or max_batch_tokens < 1 or max_batch_sentences < 1 or window_ms < 0:
-            raise ValueError("queue_size, max_batch_tokens, max_batch_sentences must be positive, window_ms >= 0")
         self.translate_fn = translate_fn
         self.metrics = metrics or ServerMetrics()
-        self.max_batch_tokens = max_batch_tokens
-        self.max_batch_sentences = max_batch_sentences
-        self.window_s = window_ms / 1000.0
-        self.queue_size = queue_size
+        self.max_batch_tokens = limits.max_batch_tokens
+        self.max_batch_sentences = limits.max_batch_sentences
+        self.window_s = limits.window_ms / 1000.0
+        self.queue_size = limits.queue_size
         self.enabled = enabled
         self.target_tokens = target_tokens or (lambda result: 0)
         self._queue: collections.deque[_Pending] = collections.deque()

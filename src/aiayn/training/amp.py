@@ -2,7 +2,7 @@
 
 bf16 needs no scaler (its exponent range is fp32's); fp16 does, and only CUDA has one that
 the optimizer update can rely on. Master weights and optimizer state stay fp32 either way.
-``train.dtype: auto`` (:func:`aiayn.runtime.resolve_train_dtype`) gives bf16 where the device
+``train.dtype: auto`` (:func:`aiayn.runtime.precision.resolve_train_dtype`) gives bf16 where the device
 computes it natively and fp16, with the scaler, on CUDA GPUs that have fp16 tensor cores
 but no native bf16 (Volta, Turing).
 """

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from aiayn.runtime import resolve_device
+from aiayn.runtime.devices import resolve_device
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ def label_smoothed_nll_loss(
 
 
 # The fused loss's rows per chunk on a CPU: the (1,024, V) float32 chunk of a 32,000-word
-# vocabulary (131 MB) stays within the heap the allocator reuses (aiayn.runtime).
+# vocabulary (131 MB) stays within the heap the allocator reuses (aiayn.runtime.process).
 CPU_CHUNK_ROWS = 1024
 # On a GPU, the chunk's share of the free device memory, and its ceiling: a few large chunks
 # (a few launches of each of the loss's kernels instead of one per 1,024 rows) while the

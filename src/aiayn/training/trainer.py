@@ -43,7 +43,7 @@ from aiayn.checkpoint.manager import CheckpointManager
 from aiayn.checkpoint.training_state import capture_rng_state
 from aiayn.config import Config, TrainConfig, to_dict
 from aiayn.data.prefetch import host_transfer
-from aiayn.runtime import resolve_train_dtype, torch_dtype
+from aiayn.runtime.precision import resolve_train_dtype, torch_dtype
 from aiayn.training import amp, resume
 from aiayn.training.distributed import DistInfo, all_gather_json, all_reduce_sum
 from aiayn.training.groups import UpdateGroups, epoch_progress

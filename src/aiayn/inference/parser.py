@@ -10,7 +10,7 @@ The model "translates" a sentence into a linearized tree (``(S (NP XX XX )NP ...
 :func:`aiayn.data.trees.rebuild`, which repairs malformed output, so every sentence gets
 exactly one tree whose leaves are its words. How many needed a repair is counted, since a
 high count means the model has not learnt the bracket grammar. Trees are scored with
-:func:`aiayn.evaluation.parsing.evalb` (EVALB, COLLINS.prm). The parser predicts no POS
+:func:`aiayn.evaluation.evalb.evalb` (EVALB, COLLINS.prm). The parser predicts no POS
 tags: every preterminal is ``XX``; EVALB finds punctuation with the gold tags.
 """
 
@@ -29,10 +29,11 @@ import torch
 from aiayn.config import Config
 from aiayn.data.trees import PLACEHOLDER, TARGETS, Tree, as_placeholders, is_well_formed, read_trees_with_lines, rebuild
 from aiayn.errors import DataError
-from aiayn.evaluation.parsing import evalb
-from aiayn.inference.constraints import TreeConstraint, TreeVocab
+from aiayn.evaluation.evalb import evalb
+from aiayn.inference.request import TranslationRequest
 from aiayn.inference.search import max_output_lengths
 from aiayn.inference.translator import Translator
+from aiayn.inference.tree_grammar import TreeGrammar, TreeVocab
 from aiayn.vocab import EOS_ID, UNK_ID
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class Parser:
 
     Decoding uses ``PARSING_DECODE`` (the paper's parsing settings: beam 21, alpha 0.3,
     output length up to input length + 300) over the checkpoint's ``decode`` section;
-    keyword overrides to [parse][aiayn.inference.parsing.Parser.parse] win over both.
+    keyword overrides to [parse][aiayn.inference.parser.Parser.parse] win over both.
     """
 
     def __init__(self, translator: Translator, placeholder: str = PLACEHOLDER, target: str | None = None) -> None:
@@ -155,15 +156,15 @@ class Parser:
         tok = self.translator.tokenizer
         return TreeVocab.from_pieces(tok.tgt_pieces(range(tok.tgt_vocab_size)), self.placeholder, EOS_ID)
 
-    def tree_constraint(self, word_lists: Sequence[Sequence[str]]) -> Callable[[list[int]], TreeConstraint]:
+    def tree_constraint(self, word_lists: Sequence[Sequence[str]]) -> Callable[[list[int]], TreeGrammar]:
         """The grammar for sentences of ``word_lists``, per batch of their indices: trees over
         exactly their words (spelled as the target spells them when it holds the words)."""
         vocab = self.tree_vocab
         if self.target == "placeholders":
-            return lambda batch: TreeConstraint(vocab, [len(word_lists[i]) for i in batch])
+            return lambda batch: TreeGrammar(vocab, [len(word_lists[i]) for i in batch])
         ids = [self._word_ids(words, vocab.placeholder) for words in word_lists]
-        return lambda batch: TreeConstraint(vocab, [len(ids[i]) for i in batch], word_ids=[ids[i] for i in batch],
-                                            any_word=True)
+        return lambda batch: TreeGrammar(vocab, [len(ids[i]) for i in batch], word_ids=[ids[i] for i in batch],
+                                         any_word=True)
 
     def _word_ids(self, words: Sequence[str], placeholder: int) -> list[int]:
         """The target id of each word; the placeholder's for a word the target vocabulary
@@ -179,7 +180,7 @@ class Parser:
         src_lens = tr.source_lengths([" ".join(ptb_escape(w) for w in words) for words in word_lists])
         # The search's own bound (a * |x| + b, within the model's positions).
         bounds = max_output_lengths(torch.tensor(src_lens, dtype=torch.long), tr.decode_config(**settings),
-                                    tr.decoder.max_steps).tolist()
+                                    tr.engine.limits.steps).tolist()
         for i, (words, n_src, bound) in enumerate(zip(word_lists, src_lens, bounds)):
             if not words:
                 continue
@@ -197,20 +198,21 @@ class Parser:
         """Parse each sentence (a string of space-separated words, or a list of words).
 
         Words are PTB-escaped (``ptb_escape``: ``(`` -> ``-LRB-`` ...) before decoding.
-        Returns one [ParseResult][aiayn.inference.parsing.ParseResult] per sentence, in
+        Returns one [ParseResult][aiayn.inference.parser.ParseResult] per sentence, in
         input order; a sentence without words gets ``tree=None``. ``progress`` is called
         with the number of sentences done per batch. ``constrained`` (default): the search
         may only produce well-formed trees over exactly the sentence's words
-        (``aiayn.inference.constraints.TreeConstraint``), so no output needs a repair;
+        (``aiayn.inference.tree_grammar.TreeGrammar``), so no output needs a repair;
         False decodes freely and repairs (the paper's setting).
         """
         settings = self.decode_settings(**decode_overrides)
         word_lists = [[ptb_escape(w) for w in (s.split() if isinstance(s, str) else s)] for s in sentences]
         texts = [" ".join(words) for words in word_lists]
         t0 = time.perf_counter()
-        if constrained:
-            settings["constraint_for"] = self.tree_constraint(word_lists)
-        outputs = self.translator.translate_detailed(texts, nbest=1, progress=progress, **settings) if texts else []
+        decode = self.translator.decode_config(**{**settings, "nbest": 1})
+        request = TranslationRequest(texts, decode, progress=progress,
+                                     grammar=self.tree_constraint(word_lists) if constrained else None)
+        outputs = self.translator.run(request) if texts else []
         translations = [r.hypotheses[0].text if r.hypotheses else "" for r in outputs]
         # The target vocabulary is one piece per tree symbol, so the decoded text splits
         # back into symbols on spaces (an <unk> becomes a token rebuild() drops).

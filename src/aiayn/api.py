@@ -4,7 +4,7 @@ Each one is its ``aiayn`` command: the same checks, the same files, the same err
 [AiaynError][aiayn.errors.AiaynError] whose one-line message names the field or file; the
 command prints it and exits 2). The package root exports them: ``aiayn.train(...)``.
 Translating and parsing are classes ([Translator][aiayn.inference.translator.Translator],
-[Parser][aiayn.inference.parsing.Parser]).
+[Parser][aiayn.inference.parser.Parser]).
 """
 
 from __future__ import annotations
