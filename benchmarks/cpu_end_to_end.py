@@ -316,10 +316,11 @@ def count_lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
-def compiled_ran_since(cache: Path, wall: float) -> bool:
-    """Whether a compiled step ran in a run that started at ``wall`` (time.time()): the
-    translator then rewrote its marker under the compile cache (Translator.record_compiled)."""
-    return any(marker.stat().st_mtime >= wall for marker in cache.rglob("aiayn-compiled/*.json"))
+def compiled_ran(stderr: str, compile_on: bool) -> bool:
+    """Whether a run decoded with the compiled step, from what `aiayn translate` said: compiling
+    chosen (``--compile on``, or auto's "compile auto -> on") and no fallback to eager steps."""
+    chosen = compile_on or "compile auto -> on" in stderr
+    return chosen and "compiled decoding is unavailable" not in stderr
 
 
 def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path,
@@ -331,7 +332,6 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path,
     log = out.with_name(out.name + ".log")
     extra = ["--compile", "on"] if compile_on else []
     with open(log, "wb") as err:
-        wall = time.time() - 1.0  # file times may be coarser than the clock
         start = time.perf_counter()
         proc = subprocess.Popen([python(), "-m", "aiayn", "translate", "--checkpoint", str(checkpoint), "-i", str(src),
                                  "-o", str(out), *extra], stdout=subprocess.DEVNULL, stderr=err,
@@ -344,7 +344,7 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path,
     done = re.search(r"translated (\d+) lines in ([\d.]+)s", text)
     last = last if last is not None else seconds
     return {"seconds": seconds, "first_output_s": first if first is not None else last, "last_output_s": last,
-            "dtype": dtype.group(1) if dtype else None, "compiled": compiled_ran_since(cache, wall),
+            "dtype": dtype.group(1) if dtype else None, "compiled": compiled_ran(text, compile_on),
             "compile": "on" if compile_on else "auto", "translate_s": float(done.group(2)) if done else None,
             "output_lines": count_lines(out), "output_sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
 

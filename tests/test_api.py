@@ -26,6 +26,7 @@ REAL = {
     "average": "aiayn.api",
     "load_checkpoint": "aiayn.checkpoint.directory",
     "Translator": "aiayn.inference.translator",
+    "TranslationRequest": "aiayn.inference.request",
     "Parser": "aiayn.inference.parser",
     "corpus_scores": "aiayn.evaluation.bleu",
 }

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # what type checkers and the API reference see; __getattr__ i
     from aiayn.errors import AiaynError
     from aiayn.evaluation.bleu import corpus_scores
     from aiayn.inference.parser import Parser
+    from aiayn.inference.request import TranslationRequest
     from aiayn.inference.translator import Translator
 
 # Exported name -> the module that defines it.
@@ -42,6 +43,7 @@ _EXPORTS = {
     "average": "aiayn.api",
     "load_checkpoint": "aiayn.checkpoint.directory",
     "Translator": "aiayn.inference.translator",
+    "TranslationRequest": "aiayn.inference.request",
     "Parser": "aiayn.inference.parser",
     "corpus_scores": "aiayn.evaluation.bleu",
 }
@@ -50,6 +52,7 @@ __all__ = [
     "AiaynError",
     "Config",
     "Parser",
+    "TranslationRequest",
     "Translator",
     "average",
     "corpus_scores",

@@ -761,7 +761,22 @@ def read_text_lines(path: str | os.PathLike, on_invalid_utf8: str = "error", *, 
     return list(iter_text_lines(path, on_invalid_utf8, strip=strip, stats=stats, hint=hint))
 
 
-def count_lines(path: str | os.PathLike) -> int:
-    """Number of lines, without decoding (for messages about misaligned files)."""
+def count_lines(path: str | os.PathLike, gzipped: bool = True) -> int | None:
+    """Number of lines of a text file (plain or gzip), counted in blocks without decoding: a
+    last line without a newline counts, a leading byte-order mark does not. ``gzipped=False``:
+    None for a gzip file instead of decompressing it (e.g. only for a progress bar's total)."""
     with open_text_input(path) as (f, compressed):
-        return sum(1 for _ in _raw_lines(f, str(path), compressed))
+        if compressed and not gzipped:
+            return None
+        n, last, first = 0, b"\n", True
+        try:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                if first and block.startswith(BOM):
+                    block = block[len(BOM):]
+                first = False
+                if block:
+                    n, last = n + block.count(b"\n"), block[-1:]
+        except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
+            what = "corrupt gzip data" if compressed else "read error"
+            raise DataError(f"{path}:{n + 1}: {what} ({exc or type(exc).__name__})") from None
+        return n + (last != b"\n")

@@ -4,6 +4,7 @@ runs of equal lengths equal the sentence-by-sentence greedy rule."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from aiayn.config import DataConfig
 from aiayn.data import batching
 from aiayn.data import binarize as binarize_mod
 from aiayn.data.batching import _boundaries, _sort_keys
-from aiayn.data.prepare import count_lines, load_split, partial_dir, prepare_data
+from aiayn.data.prepare import load_split, partial_dir, prepare_data
+from aiayn.fileio import count_lines
 
 WORDS = "the a small red dog cat house runs sleeps in on park garden two men play football".split()
 
@@ -107,6 +109,9 @@ def test_count_lines(tmp_path: Path) -> None:
     (tmp_path / "b").write_bytes(b"one\ntwo\n")
     (tmp_path / "c").write_bytes(b"")
     assert [count_lines(tmp_path / n) for n in "abc"] == [3, 2, 0]
+    (tmp_path / "d.gz").write_bytes(gzip.compress(b"one\ntwo\nthree"))
+    assert count_lines(tmp_path / "d.gz") == 3  # through the decompressor
+    assert count_lines(tmp_path / "d.gz", gzipped=False) is None  # a progress bar's total: not worth it
 
 
 def reference_boundaries(src: np.ndarray, tgt: np.ndarray, max_tokens: int, mode: str) -> list[int]:

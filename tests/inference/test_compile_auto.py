@@ -126,6 +126,7 @@ def test_compile_pays_counts_on_a_warm_cache_when_the_beams_package_is_there(
     other.parent.mkdir(parents=True, exist_ok=True)
     other.touch()
     assert translator.engine.compile_pays(lines, per_source=beam + 1)
+    assert translator.compile_pays(lines, translator.decode_config(beam=beam + 1))  # the beam a command asks for
     assert not translator.compile_pays(lines)
     package.touch()
     assert translator.compile_pays(lines)

@@ -105,8 +105,11 @@ def test_translator_tags_the_sources_by_tgt_lang(tok):
     tagged = _translator(tok, tgt_lang="de", tgt_lang_tag=True)
     src = lambda tr, **kw: tr.translate_detailed(["the red house"], max_len_b=3, **kw)[0].src_tokens  # noqa: E731
     assert src(tagged) == [de] + plain
+    # The length a command line or the server checks is the tagged one (the tag is a token).
+    assert tagged.source_lengths(["the red house"]) == [len(plain) + 1]
     assert src(tagged, tgt_lang="fr") == [fr] + plain
     untagged = _translator(tok)
+    assert untagged.source_lengths(["the red house"], untagged.decode_config(tgt_lang="fr")) == [len(plain) + 1]
     assert src(untagged) == plain and src(untagged, tgt_lang="fr") == [fr] + plain
     # A line's own tag wins (translate input as Marian's: ">>fr<< text").
     assert tagged.translate_detailed([">>fr<< the red house"], max_len_b=3)[0].src_tokens == [fr] + plain

@@ -20,7 +20,8 @@ METHODS = sorted(set(MEMBERS) - set(PROPERTIES))
 
 def test_protocol_declares_what_serving_and_the_cli_use() -> None:
     assert PROPERTIES == ["config", "max_src_len"]
-    assert METHODS == ["decode_config", "describe", "run", "source_lengths", "translate", "translate_detailed"]
+    assert METHODS == ["decode_config", "describe", "encode_sources", "run", "source_lengths", "translate",
+                       "translate_detailed"]
 
 
 @pytest.mark.parametrize("cls", [Translator, CTranslate2Translator])

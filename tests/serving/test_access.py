@@ -46,6 +46,9 @@ class Upper:
     def run(self, request: Any) -> list[TranslationResult]:
         return self.translate_detailed(request.texts, request.decode.nbest, request.attention)
 
+    def encode_sources(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[list[str]]:
+        return [[*t.split(), "</s>"] for t in texts]
+
     def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
         return [len(t.split()) + 1 for t in texts]
 

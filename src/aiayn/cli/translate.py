@@ -270,7 +270,7 @@ class _Job:
             self._scan()
         self.terms = translate_constraints.check_files(args.constraints, args.terms, _utf8_mode(args.on_invalid_utf8),
                                                        self.total, args.input)
-        self.compiling = args.compile == "auto" and self.translator.compile_pays(self.total)
+        self.compiling = args.compile == "auto" and self.translator.compile_pays(self.total, self.cfg)
 
     def start(self) -> None:
         """Say what auto chose (after every check: an error stays the only line on stderr)."""

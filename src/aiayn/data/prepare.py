@@ -62,7 +62,7 @@ from aiayn.data.binarize import (
 from aiayn.data.corpus import FilterConfig, ReadStats, iter_parallel, iter_tsv
 from aiayn.data.synthetic import generate
 from aiayn.errors import AiaynError, ConfigError, DataError, EnvironmentFailure
-from aiayn.fileio import GZIP_MAGIC, atomic_dir, atomic_file, check_empty_dir, environment_failure, write_atomic
+from aiayn.fileio import atomic_dir, atomic_file, check_empty_dir, count_lines, environment_failure, write_atomic
 from aiayn.text.extend import add_source_controls, extend_tokenizer
 from aiayn.text.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.text.tokenizer import EmptyTrainingText, Tokenizer, lang_tag, leading_tag, train_tokenizer
@@ -97,7 +97,8 @@ def _file_source(role: str, src: str | None, tgt: str | None, tsv: str | None, o
             raise ConfigError(f"data.{role}_tsv: give either {role}_tsv or {role}_src + {role}_tgt")
         path = Path(tsv)
         return Source(role, path.name, "tsv:" + file_digest(path),
-                      lambda drop, st: iter_tsv(path, on_invalid, drop, st), [str(path)], lambda: count_lines(path))
+                      lambda drop, st: iter_tsv(path, on_invalid, drop, st), [str(path)],
+                      lambda: count_lines(path, gzipped=False))
     if src is None and tgt is None:
         return None
     if src is None or tgt is None:
@@ -107,7 +108,7 @@ def _file_source(role: str, src: str | None, tgt: str | None, tsv: str | None, o
     tag = "files:" + file_digest(sp) + ":" + file_digest(tp)
     return Source(role, f"{sp.name} / {tp.name}", tag,
                   lambda drop, st: iter_parallel(sp, tp, on_invalid, drop, st), [str(sp), str(tp)],
-                  lambda: count_lines(sp))
+                  lambda: count_lines(sp, gzipped=False))
 
 
 def _split_name(info: ds.DatasetInfo, requested: str, role: str) -> str:
@@ -660,20 +661,6 @@ def _build_split(source: Source, role: str, tokenizer: Tokenizer, build: _Build,
     if not train and meta["pairs"] != stats.lines:
         raise AssertionError("evaluation data must keep every line")
     return dataset
-
-
-def count_lines(path: Path) -> int | None:
-    """Lines of a plain text file (a last line without a newline counts); None if gzipped."""
-    with open(path, "rb") as f:
-        if f.read(2) == GZIP_MAGIC:
-            return None
-        f.seek(0)
-        n = 0
-        last = b"\n"
-        for block in iter(lambda: f.read(1 << 24), b""):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
 
 
 def _reuse_split(out: Path, tmp: Path, role: str, quiet: bool = False) -> TokenDataset:

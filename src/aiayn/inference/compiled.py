@@ -10,15 +10,16 @@ Inductor fuses the step's elementwise work (layer norms, residuals, int8 input
 quantization, the softmax) and, with the weights *frozen* in, treats them as constants it
 may repack for oneDNN. The compiled step is kept
 on disk as a package, keyed by the weights (:mod:`aiayn.inference.step_packages`): a later
-run with the same model loads it in well under a second.
+run with the same model loads it instead of building it.
 
 Beam search's reorders copy nothing here (:class:`IndexedKVCache`): a key/value stays in
 the buffer row that wrote it, a table says which row holds each hypothesis's at each
 position, and the step's self-attention reads through that table, a gather inductor fuses
 into the attention's loads.
 
-The price (``benchmarks/compile_step.py`` measures it): building a package takes tens of
-seconds on a small CPU, and the frozen weights are copies beside the model's own. So
+The price (``benchmarks/compile_step.py`` measures it; docs/results.md has the figures):
+building a package costs far more than loading one, and the frozen weights are copies beside
+the model's own. So
 compiling is for a long-lived process (``aiayn serve``), an input large enough to pay the
 build back, or a model whose package an earlier run built.
 
@@ -52,8 +53,9 @@ StaticStep = Callable[..., Tensor]
 log = logging.getLogger(__name__)
 
 # `--compile auto`'s estimate (compile_pays). Compiling costs a warm-up before the first
-# compiled step: tens of seconds on a small CPU to build the step's packages, well under a
-# second to check the weights and load the ones an earlier run built (step_packages).
+# compiled step: COMPILE_WARMUP_S to build the step's packages, CACHED_COMPILE_WARMUP_S to check
+# the weights and load the ones an earlier run built (step_packages); both are estimates for a
+# small CPU, re-measured by benchmarks/compile_step.py.
 # Afterwards each line runs faster: by SAVED_S_PER_LINE (the eager step's per-step work the
 # compiled one does not do: cache copies on reorders, separate elementwise passes) plus the
 # model's parameters times SAVED_S_PER_LINE_PER_PARAMETER (fitted to the int8 eager and
@@ -253,7 +255,7 @@ class CompiledDecoder(IncrementalDecoder):
     """:class:`IncrementalDecoder` whose steps run a compiled step: an AOTInductor package
     (:mod:`aiayn.inference.step_packages`), loaded from the compile cache when an earlier run
     built it for these weights, else exported and compiled at the first step that can use it
-    (tens of seconds on a small CPU). The weights are frozen into the package as they are
+    (:data:`COMPILE_WARMUP_S`). The weights are frozen into the package as they are
     then: optimize and compile again after changing them. Its steps return log-probabilities.
     """
 

@@ -45,6 +45,11 @@ class TranslatorProtocol(Protocol):
         """The request's results, in input order (a backend may refuse what it cannot run,
         e.g. prefixes or constraints, with a ConfigError)."""
 
+    def encode_sources(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[list[Any]]:
+        """Each text's source tokens under ``cfg`` (None: the defaults), as the backend feeds
+        them to its model (EOS and a target-language tag included), before any truncation;
+        a request's ``sources``."""
+
     def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
         """Source tokens (EOS included, a target-language tag too) of each text under ``cfg``
         (None: the defaults), before any truncation."""

@@ -63,6 +63,9 @@ class TranslationRequest:
         attention_summary: With ``attention``, what each hypothesis keeps instead of its
             (layers, heads, target, source) weights, computed batch by batch.
         progress: Called with the number of texts of each finished batch.
+        sources: Each text's source ids as the translator's ``encode_sources`` gave them for
+            these options (the server encodes once, to check the lengths before queuing);
+            None: encoded when the request runs.
     """
 
     texts: Sequence[str]
@@ -76,10 +79,13 @@ class TranslationRequest:
     grammar: Callable[[list[int]], Constraint] | None = None
     attention_summary: Callable[[Tensor], Tensor] | None = None
     progress: Callable[[int], None] | None = None
+    sources: Sequence[list[Any]] | None = None
 
     def __post_init__(self) -> None:
-        if self.prefixes is not None and len(self.prefixes) != len(self.texts):
-            raise ConfigError(f"prefixes: {len(self.prefixes)} given for {len(self.texts)} texts")
+        for name in ("prefixes", "sources"):
+            given = getattr(self, name)
+            if given is not None and len(given) != len(self.texts):
+                raise ConfigError(f"{name}: {len(given)} given for {len(self.texts)} texts")
         if self.constraints is not None:
             if self.grammar is not None:
                 raise ConfigError("constraints: lexical constraints cannot be combined with another constraint")
@@ -134,7 +140,10 @@ def encode_request(request: TranslationRequest, tokenizer: Any, source_tokenizer
     ``source_tokenizer`` (the tagged one, where the options ask for a target language) and
     checked against ``limits``; prefixes and phrases encoded by ``tokenizer``'s target side."""
     todo = [i for i, t in enumerate(request.texts) if t.strip()]
-    sources = source_tokenizer.encode_src_batch([request.texts[i] for i in todo], num_threads=1)
+    if request.sources is not None:
+        sources = [list(request.sources[i]) for i in todo]
+    else:
+        sources = source_tokenizer.encode_src_batch([request.texts[i] for i in todo], num_threads=1)
     out = []
     for i, ids in zip(todo, sources):
         sentence = EncodedSentence(i, check_source_length(ids, i, limits.positions, request))

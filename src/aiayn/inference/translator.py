@@ -70,9 +70,9 @@ class Translator:
                 self.run(TranslationRequest(list(texts), self.decode_config()), decoder)
         self.engine.use_compiled(warm if warm_up else None)
 
-    def compile_pays(self, lines: int | None) -> bool:
-        """Whether compiling the steps wins back its warm-up over ``lines`` more lines."""
-        return self.engine.compile_pays(lines, per_source=self.config.decode.beam)
+    def compile_pays(self, lines: int | None, cfg: DecodeConfig | None = None) -> bool:
+        """Whether compiling the steps wins back its warm-up over ``lines`` more lines at ``cfg``'s beam."""
+        return self.engine.compile_pays(lines, per_source=(cfg or self.config.decode).beam)
 
     def decode_config(self, **overrides: Any) -> DecodeConfig:
         """The checkpoint's decoding options with ``overrides`` (None values are ignored)."""
@@ -90,11 +90,14 @@ class Translator:
         except DataError as exc:
             raise ConfigError(f"decode.tgt_lang: {exc}") from None
 
-    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
-        """Source tokens (EOS included, the target-language tag too) of each text, uncut."""
+    def encode_sources(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[list[int]]:
+        """Each text's source ids under ``cfg`` (EOS included, the target-language tag too), uncut."""
         # num_threads=1: the server calls this on its event loop; short texts need no thread pool.
-        tokenizer = self.source_tokenizer(cfg or self.config.decode)
-        return [len(ids) for ids in tokenizer.encode_src_batch(list(texts), num_threads=1)]
+        return self.source_tokenizer(cfg or self.config.decode).encode_src_batch(list(texts), num_threads=1)
+
+    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
+        """Source tokens of each text (:meth:`encode_sources`)."""
+        return [len(ids) for ids in self.encode_sources(texts, cfg)]
 
     def describe(self) -> dict[str, Any]:
         """The model's configuration, languages, vocabulary and parameter counts (``GET /v1/model``)."""

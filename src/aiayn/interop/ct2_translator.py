@@ -88,10 +88,14 @@ class CTranslate2Translator:
         self.max_src_len: int | None = self.config.model.max_positions if self.config is not None else None
         self._warned_gnmt = False
 
-    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
-        """Source pieces (EOS included, a target-language tag too) of each text."""
+    def encode_sources(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[list[str]]:
+        """Each text's source pieces (a target-language tag and EOS included)."""
         tag = self._lang_tag(cfg or self.decode)
-        return [len(tag) + len(self.tokenizer.src_pieces(t)) for t in texts]
+        return [tag + self.tokenizer.src_pieces(t) for t in texts]
+
+    def source_lengths(self, texts: Sequence[str], cfg: DecodeConfig | None = None) -> list[int]:
+        """Source pieces of each text (:meth:`encode_sources`)."""
+        return [len(pieces) for pieces in self.encode_sources(texts, cfg)]
 
     def describe(self) -> dict[str, Any]:
         """The export's configuration and languages (when aiayn wrote it) and vocabulary."""
@@ -146,8 +150,8 @@ class CTranslate2Translator:
                         "((5+|Y|)/6)^alpha is served as |Y|^alpha with alpha %.2f", cfg.lenpen)
             self._warned_gnmt = True
         results = [TranslationResult(source=t) for t in texts]
-        tag = self._lang_tag(cfg)
-        pieces = {i: tag + self.tokenizer.src_pieces(t) for i, t in enumerate(texts) if t.strip()}
+        given = request.sources or self.encode_sources(texts, cfg)
+        pieces = {i: list(given[i]) for i, t in enumerate(texts) if t.strip()}
         for i, text in enumerate(texts):
             if not text.strip():
                 results[i].hypotheses = [Hypothesis.empty()]

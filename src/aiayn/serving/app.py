@@ -55,7 +55,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn.errors import AiaynError
 from aiayn.inference.protocol import TranslatorProtocol
-from aiayn.inference.request import TranslationRequest
+from aiayn.inference.request import SourceTooLong, TranslationRequest
 from aiayn.inference.results import Hypothesis, TranslationResult
 from aiayn.inference.terms import SentenceConstraints
 from aiayn.serving.auth import APIKeyMiddleware, check_api_key, check_cors_origin
@@ -384,9 +384,11 @@ class TranslationService:
         self.closing = True
         await asyncio.to_thread(self.batcher.close)
 
-    def _translate(self, texts: list[str], nbest: int, attention: bool,
+    def _translate(self, items: list[tuple[str, list[Any]]], nbest: int, attention: bool,
                    overrides: dict[str, Any]) -> list[TranslationResult]:
-        # Runs on the batcher's worker thread: the only thread that touches the model.
+        """``items``: (text, its source tokens as check_limits encoded them). Runs on the batcher's
+        worker thread: the only thread that touches the model."""
+        texts, sources = [t for t, _ in items], [s for _, s in items]
         overrides = dict(overrides)
         lexical = overrides.pop(LEXICAL_KEY, None)
         constraints, best_effort = None, False
@@ -397,9 +399,11 @@ class TranslationService:
             constraints = [per_text[i % len(per_text)] for i in range(len(texts))]
         decode = self.translator.decode_config(**{**overrides, "nbest": nbest})
         return self.translator.run(TranslationRequest(texts, decode, attention, constraints=constraints,
-                                                      best_effort=best_effort, truncate=False))
+                                                      best_effort=best_effort, truncate=False, sources=sources))
 
-    def check_limits(self, req: RequestBase) -> list[int]:
+    def check_limits(self, req: RequestBase) -> list[list[Any]]:
+        """The request's sources, encoded once (the worker translates them as they are), after
+        every limit is checked."""
         s = self.settings
         if len(req.texts) > s.max_texts:
             raise APIError(422, "too_many_texts",
@@ -412,12 +416,12 @@ class TranslationService:
             decode = self.translator.decode_config(**req.decode_overrides())
         except AiaynError as exc:
             raise APIError(422, "invalid_request", str(exc)) from None
-        lengths = self.translator.source_lengths(req.texts, decode)
+        sources = self.translator.encode_sources(req.texts, decode)
+        lengths = [len(ids) for ids in sources]
         if self.max_positions is not None:
             for i, n in enumerate(lengths):
-                if n > self.max_positions:
-                    raise APIError(422, "text_too_long",
-                                   f"texts[{i}]: {n} source tokens; the model has {self.max_positions} positions")
+                if n > self.max_positions:  # the request's one rule, untruncated
+                    raise APIError(422, "text_too_long", str(SourceTooLong(i, n, self.max_positions)))
         beam = req.decode_overrides().get("beam")
         if beam is None and self.translator.config is not None:
             beam = self.translator.config.decode.beam
@@ -425,7 +429,7 @@ class TranslationService:
             raise APIError(422, "invalid_request", f"nbest: {req.nbest} is more than beam={beam}")
         if req.attention:
             self._check_attention_size(req, lengths)
-        return lengths
+        return sources
 
     def _check_attention_size(self, req: RequestBase, lengths: list[int]) -> None:
         """Refuse, before any decoding, a request whose attention could outgrow the limit: a
@@ -455,7 +459,7 @@ class TranslationService:
         still queued then is dropped from the queue (:meth:`DynamicBatcher.withdraw`)."""
         if self.closing:
             raise APIError(503, "shutting_down", "the server is shutting down")
-        lengths = self.check_limits(req)
+        sources = self.check_limits(req)
         overrides = req.decode_overrides()
         try:
             lexical = req.lexical_constraints()
@@ -466,7 +470,7 @@ class TranslationService:
             raise APIError(422, "invalid_request", str(exc)) from None
         options = DecodeOptions.make(req.nbest, req.attention, overrides)
         try:
-            future = self.batcher.submit(req.texts, lengths, options)
+            future = self.batcher.submit(list(zip(req.texts, sources)), [len(ids) for ids in sources], options)
         except QueueFullError as exc:
             raise APIError(503, "overloaded", f"server busy: {exc}; retry later",
                            headers={"Retry-After": str(self.settings.retry_after_s)}) from None

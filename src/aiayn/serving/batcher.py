@@ -30,8 +30,9 @@ from aiayn.serving.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
-# translate_fn(texts, nbest, attention, decode_overrides) -> one result per text.
-TranslateFn = Callable[[list[str], int, bool, dict[str, Any]], Sequence[Any]]
+# translate_fn(items, nbest, attention, decode_overrides) -> one result per item (a text, or
+# whatever the caller queues for one).
+TranslateFn = Callable[[list[Any], int, bool, dict[str, Any]], Sequence[Any]]
 
 
 class QueueFullError(RuntimeError):
@@ -57,7 +58,7 @@ class DecodeOptions:
 
 @dataclass
 class _Pending:
-    texts: list[str]
+    texts: list[Any]  # one item per text
     src_lens: list[int]  # source tokens per text, for the token budget
     options: DecodeOptions
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
@@ -112,7 +113,7 @@ class DynamicBatcher:
             self._thread = threading.Thread(target=self._run, name="aiayn-batcher", daemon=True)
             self._thread.start()
 
-    def submit(self, texts: list[str], src_lens: list[int], options: DecodeOptions) -> concurrent.futures.Future:
+    def submit(self, texts: Sequence[Any], src_lens: list[int], options: DecodeOptions) -> concurrent.futures.Future:
         """Queue one request; raises :class:`QueueFullError` or :class:`ShuttingDownError`."""
         pending = _Pending(list(texts), list(src_lens), options)
         with self._cond:

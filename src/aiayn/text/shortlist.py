@@ -1,7 +1,7 @@
 """A lexical vocabulary shortlist: for each source piece, the target pieces most associated
 with it in the training data, plus the most frequent target pieces (Marian's and
 CTranslate2's ``vmap`` idea). Decoding with ``--shortlist`` scores only the union of the
-lists of a batch's source pieces and the frequent pieces (:mod:`aiayn.inference.shortlist`).
+lists of a batch's source pieces and the frequent pieces (:mod:`aiayn.inference.step_vocabulary`).
 
 Built by ``aiayn prepare`` with ``data.shortlist_k`` from the binarized training pairs:
 ``cooc(s, t)`` is the number of pairs whose source holds piece ``s`` and whose target holds
