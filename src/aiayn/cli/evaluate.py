@@ -134,7 +134,7 @@ def _translate(args: argparse.Namespace) -> tuple[list[str], list[list[str]], st
 
     device = options.device(args)
     dtype = options.dtype(args, device)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype,
                                             ensemble=args.ensemble)
     sources, streams, what, tgt = sources_and_references(args, translator)
     overrides = options.decode_overrides(args)

@@ -75,7 +75,7 @@ def run_attention(args: argparse.Namespace) -> int:
     fileio.check_not_input(out, [args.checkpoint], "--out")  # --layer 0's files are beside it
     device = options.device(args)
     dtype = options.dtype(args, device)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype)
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype)
     options.say_dtype(dtype)
     overrides = options.decode_overrides(args)
     result = translator.translate_detailed([args.text], nbest=1, attention=True, **overrides)[0]

@@ -201,7 +201,7 @@ def _translator(args: argparse.Namespace, device: torch.device) -> TranslatorPro
     # Loading and compiling run on threads that end: the batcher's thread alone keeps a
     # thread team (aiayn.runtime.process.on_a_passing_thread).
     translator = on_a_passing_thread(lambda: Translator.from_checkpoint(
-        args.checkpoint, device=device, dtype=dtype.dtype, compile=args.compile == "on"))
+        args.checkpoint, device=device, dtype=dtype, compile=args.compile == "on"))
     options.say_dtype(dtype)
     if args.compile == "on":
         on_a_passing_thread(lambda: _compile_now(translator))

@@ -259,7 +259,7 @@ class _Job:
         # Resolved once: a `last` pointer moving on meanwhile cannot change what is loaded.
         self.checkpoints = [resolve_checkpoint(p) for p in args.checkpoint]
         self.dtype = options.dtype(args, device)
-        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=self.dtype.dtype,
+        self.translator = Translator.from_checkpoint(self.checkpoints, device=device, dtype=self.dtype,
                                                      compile=args.compile == "on", ensemble=args.ensemble)
         self.cfg = self.translator.decode_config(**self.overrides, nbest=args.nbest)  # bad options: before output
         self.where = "<stdin>" if args.input == "-" else args.input

@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     _check_split(args)
     device = options.device(args)
     dtype = options.dtype(args, device)
-    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype.dtype,
+    translator = Translator.from_checkpoint(args.checkpoint, device=device, dtype=dtype,
                                             ensemble=args.ensemble)
     sources, streams, what, tgt = _texts(args, translator)
     fixed = options.decode_overrides(args)
