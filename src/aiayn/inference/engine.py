@@ -121,20 +121,26 @@ class DecodingEngine:
         self.limits = SourceLimits(min(positions) if positions else None, self.decoder.max_steps)
         self.compiled = False  # whether the decoding steps run compiled
         self._compiled: DecoderModel | None = None
+        self._compiled_members: list[CompiledDecoder] = []
         if compile:
             self.use_compiled()
 
     # ------------------------------------------------------------ compiled steps
 
     def _decoder(self, step: type) -> DecoderModel:
-        decoders = [step(optimized) for optimized in self.optimized]
-        return decoders[0] if len(decoders) == 1 else EnsembleDecoder(decoders)
+        return self._joined([step(optimized) for optimized in self.optimized])
+
+    @staticmethod
+    def _joined(members: list[Any]) -> DecoderModel:
+        return members[0] if len(members) == 1 else EnsembleDecoder(members)
 
     def compiled_decoder(self) -> DecoderModel:
         """The decoder with compiled steps (built once): CUDA graphs on a GPU, AOTInductor
         packages on a CPU, their cache keyed by the weights (:mod:`aiayn.inference.step_packages`)."""
         if self._compiled is None:
-            self._compiled = self._decoder(CudaGraphDecoder if uses_cuda_graphs(self.device) else CompiledDecoder)
+            step = CudaGraphDecoder if uses_cuda_graphs(self.device) else CompiledDecoder
+            self._compiled_members = [step(optimized) for optimized in self.optimized]
+            self._compiled = self._joined(self._compiled_members)
         return self._compiled
 
     def use_compiled(self, warm_up: Callable[[DecoderModel], None] | None = None) -> None:
@@ -158,9 +164,8 @@ class DecodingEngine:
         parameters = self.parameters["parameters"]
         if not compile_pays(lines, parameters, self.device, warm=True):
             return False  # too few lines even for a warm cache: no need to look for one
-        decoder = self.compiled_decoder()
-        members = getattr(decoder, "members", [decoder])
-        warm = all(m.packages.path(per_source, self.device).is_file() for m in members)
+        self.compiled_decoder()
+        warm = all(m.packages.path(per_source, self.device).is_file() for m in self._compiled_members)
         return compile_pays(lines, parameters, self.device, warm=warm)
 
     # ----------------------------------------------------------------- searching
