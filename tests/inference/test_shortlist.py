@@ -422,3 +422,23 @@ def test_ctranslate2_export_carries_it_as_a_vocabulary_map(prepared, tmp_path):
         assert set(best.tokens) <= allowed, text
         outside += not set(ct2.translate_detailed([text], beam=2, max_len_b=10)[0].best.tokens) <= allowed
     assert outside  # without the map, the random model leaves the lists
+
+
+def test_a_batch_vocabulary_restricts_whole_vocabulary_scores_exactly():
+    """Logits keep their values on the rows; log-probabilities (an ensemble's, a compiled step's)
+    are normalized again over the rows; every other id is -inf. A per-sentence vocabulary cannot
+    restrict a step that scored the whole vocabulary."""
+    scores = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0, 0.0]])
+    vocab = BatchVocabulary(torch.tensor([1, 3]), 5)
+    inf = float("-inf")
+    assert torch.equal(vocab.restrict(scores, normalized=False),
+                       torch.tensor([[inf, 1.0, inf, 3.0, inf], [inf, 3.0, inf, 1.0, inf]]))
+    renormed = vocab.restrict(scores.log_softmax(-1), normalized=True)
+    assert torch.allclose(renormed[:, [1, 3]], torch.tensor([[1.0, 3.0], [3.0, 1.0]]).log_softmax(-1))
+    assert torch.isinf(renormed[:, [0, 2, 4]]).all()
+    lists, sizes = torch.tensor([[0, 1, 2, 3, 7]]), torch.tensor([5])
+    narrow = SentenceVocabulary(build_model(ModelConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=2,
+                                                        d_ff=16, n_encoder_layers=1, n_decoder_layers=1)),
+                                lists, sizes, 8)
+    with pytest.raises(ValueError, match="per-sentence lists need a decoder that projects onto them"):
+        narrow.restrict(torch.zeros(1, 8), normalized=False)
