@@ -7,8 +7,7 @@
 
 A request is encoded once (:mod:`aiayn.inference.request`), its sentences sorted by length
 into batches of at most ``decode.batch_tokens`` padded source tokens, each searched by the
-engine (:mod:`aiayn.inference.engine`); results come back in input order. Several checkpoint
-paths are averaged, or with ``ensemble=True`` decoded as an ensemble (:func:`load_models`).
+engine (:mod:`aiayn.inference.engine`); results come back in input order.
 """
 
 from __future__ import annotations
