@@ -30,6 +30,14 @@ Modes:
                    now beside the listed reason (needs mutmut 3.8.1 importable; mutants are
                    generated, not run): to review them before deleting their src= and running
                    --add-hashes, or deleting the entry.
+  --record         (with stdin) also write the results of each module whose mutants all ran to
+                   tests/mutation_results.json: its mutant count, how many were killed, the
+                   names of the survivors and of the mutants not run. A module with a mutant
+                   not checked (a run of some of its functions only) keeps its recorded results.
+  --table          print the score table of docs/testing.md (markdown) from the recorded
+                   results and the reviewed list; exit 1 when a mutated module has no recorded
+                   results or a recorded one is not mutated.
+  --update-docs    write that table into docs/testing.md in place of the one there.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ from __future__ import annotations
 import argparse
 import ast
 import hashlib
+import json
+import math
 import re
 import sys
 from collections import Counter
@@ -48,8 +58,13 @@ import tomllib
 REPO = Path(__file__).resolve().parents[1]
 KILLED = {"killed", "timeout"}
 SURVIVED = {"survived", "no tests"}
+NOT_RUN = {"skipped"}
+# A module with a mutant in one of these states was not run in full: its results are not recorded.
+UNFINISHED = {"not checked", "check was interrupted by user"}
 LINE = re.compile(r"^\s*(?P<name>[\w.]+)__mutmut_\d+: (?P<status>.+)$")
 EQUIVALENT = REPO / "tests" / "mutation_equivalent.txt"
+RESULTS = REPO / "tests" / "mutation_results.json"
+DOCS = REPO / "docs" / "testing.md"
 SRC = REPO / "src"
 DEVICE_ONLY = "device-only"
 # A reason that says the mutant differs only off the CPU (written by --add-hashes as device-only).
@@ -376,17 +391,128 @@ def print_table(per_module: dict[str, Counter]) -> Counter:
     return total
 
 
+# --- the recorded results and the table of docs/testing.md
+
+def read_results(path: Path = RESULTS) -> dict[str, dict]:
+    """Module -> its last full run: ``{"mutants", "killed", "survived": [names], "not_run": [names]}``."""
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _mutant_order(name: str) -> tuple[str, int]:
+    base, _, number = name.rpartition("__mutmut_")
+    return base, int(number)
+
+
+def record_results(lines: list[str], path: Path = RESULTS,
+                   mutated: set[str] | None = None) -> tuple[list[str], list[str]]:
+    """Write the results of the modules whose mutants all ran into ``path``, the other
+    modules' records kept. ``mutmut results --all true`` lists every mutant of every module
+    it mutates (``mutated``, from the same ``[tool.mutmut]``), run or not: a mutated module
+    absent from a listing that is not empty has no mutants (Protocol declarations only) and
+    is recorded with none. Returns the modules recorded, and one line per module left as it
+    was (some of its mutants not checked)."""
+    statuses: dict[str, dict[str, str]] = {}
+    for line in lines:
+        m = LINE.match(line)
+        if m:
+            statuses.setdefault(module_of(m["name"]), {})[line.split(":", 1)[0].strip()] = m["status"].strip()
+    if statuses:
+        statuses.update({module: {} for module in sorted(mutated or ()) if module not in statuses})
+    results = read_results(path)
+    recorded, kept = [], []
+    for module, by_name in sorted(statuses.items()):
+        unfinished = sum(status in UNFINISHED for status in by_name.values())
+        if unfinished:
+            kept.append(f"{module}: {unfinished} of {len(by_name)} mutants not checked, its results not recorded")
+            continue
+        results[module] = {
+            "mutants": len(by_name),
+            "killed": sum(status in KILLED for status in by_name.values()),
+            "survived": sorted((n for n, st in by_name.items() if st not in KILLED | NOT_RUN), key=_mutant_order),
+            "not_run": sorted((n for n, st in by_name.items() if st in NOT_RUN), key=_mutant_order),
+        }
+        recorded.append(module)
+    path.write_text(json.dumps(dict(sorted(results.items())), indent=1, ensure_ascii=False) + "\n",
+                    encoding="utf-8")
+    return recorded, kept
+
+
+TABLE_HEAD = ("| module | mutants | killed | equivalent | device-only | surviving | not run | score |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|")
+COLUMNS = ("mutants", "killed", "equivalent", "device", "surviving", "not_run")
+
+
+def table_score(c: Counter) -> str:
+    """killed / (mutants - equivalent), rounded down: 100.0% only when every judged mutant died."""
+    judged = c["mutants"] - c["equivalent"]
+    value = 100.0 * c["killed"] / judged if judged else 100.0
+    return f"{math.floor(value * 10) / 10:.1f}%"
+
+
+def table_lines(results: dict[str, dict], entries: list[Entry]) -> list[str]:
+    """The markdown table: one row per recorded module (its path under the package), then the
+    total. A recorded survivor is equivalent or device-only as the reviewed list says now."""
+    equivalent = {e.name for e in entries if not e.device_only}
+    device = {e.name for e in entries if e.device_only}
+    rows = []
+    total: Counter = Counter()
+    for module, r in results.items():
+        survived = set(r["survived"])
+        c = Counter(mutants=r["mutants"], killed=r["killed"], equivalent=len(survived & equivalent),
+                    device=len(survived & device), not_run=len(r["not_run"]))
+        c["surviving"] = len(survived) - c["equivalent"] - c["device"]
+        total.update(c)
+        label = "/".join(module.split(".")[1:]) + ".py"
+        rows.append((label, "| " + " | ".join([label, *(f"{c[k]:,}" for k in COLUMNS), table_score(c)]) + " |"))
+    bold = ["**total**", *(f"**{total[k]:,}**" for k in COLUMNS), f"**{table_score(total)}**"]
+    return [*TABLE_HEAD, *(row for _, row in sorted(rows)), "| " + " | ".join(bold) + " |"]
+
+
+def table_problems(results: dict[str, dict], mutated: set[str] | None) -> list[str]:
+    problems = [f"{m}: recorded but not in [tool.mutmut] only_mutate" for m in sorted(results)
+                if mutated is not None and m not in mutated]
+    return problems + [f"{m}: in [tool.mutmut] only_mutate but no results recorded (make mutation)"
+                       for m in sorted(mutated or ()) if m not in results]
+
+
+def docs_table(text: str) -> tuple[int, int]:
+    """The line range [start, end) of the score table in the docs' text."""
+    lines = text.splitlines()
+    if TABLE_HEAD[0] not in lines:
+        raise ValueError(f"no table headed {TABLE_HEAD[0]!r}")
+    start = end = lines.index(TABLE_HEAD[0])
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return start, end
+
+
+def update_docs(path: Path, table: list[str]) -> bool:
+    """Put ``table`` in place of the score table in ``path``; whether anything changed."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start, end = docs_table(text)
+    new = "\n".join(lines[:start] + table + lines[end:]) + "\n"
+    path.write_text(new, encoding="utf-8")
+    return new != text
+
+
 def report(problems: list[str], what: str) -> None:
     print(f"{len(problems)} {what}:\n  " + "\n  ".join(problems), file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", type=float, default=85.0, help="minimum total score (percent)")
     ap.add_argument("--list", type=Path, default=EQUIVALENT, help="the reviewed-mutant list")
     ap.add_argument("--src", type=Path, default=SRC, help="the source tree mutmut mutates")
     ap.add_argument("--pyproject", type=Path, default=REPO / "pyproject.toml")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the recorded results (JSON)")
+    ap.add_argument("--docs", type=Path, default=DOCS, help="the page whose score table --update-docs writes")
+    ap.add_argument("--record", action="store_true",
+                    help="with results on stdin: record the modules run in full in --results")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--check-list", action="store_true",
                       help="check names and hashes against the source only (no results read)")
@@ -396,9 +522,54 @@ def main(argv: list[str] | None = None) -> int:
                       help="write src=HASH to entries without one, then check")
     mode.add_argument("--show-stale", action="store_true",
                       help="print the mutant each changed entry now names (needs mutmut)")
-    args = ap.parse_args(argv)
+    mode.add_argument("--table", action="store_true",
+                      help="print the score table from the recorded results (no mutant run)")
+    mode.add_argument("--update-docs", action="store_true",
+                      help="write the score table into --docs")
+    return ap
 
+
+def _table(args: argparse.Namespace, entries: list[Entry]) -> int:
+    results = read_results(args.results)
+    table = table_lines(results, entries)
+    if args.update_docs:
+        changed = update_docs(args.docs, table)
+        print(f"{args.docs}: score table {'rewritten' if changed else 'unchanged'}")
+    else:
+        print("\n".join(table))
+    problems = table_problems(results, mutated_modules(args.pyproject))
+    if problems:
+        report(problems, f"modules without matching results in {args.results}")
+        return 1
+    return 0
+
+
+def _score(args: argparse.Namespace, entries: list[Entry], problems: list[str]) -> int:
+    lines = sys.stdin.read().splitlines()
+    if args.record:
+        recorded, kept = record_results(lines, args.results, mutated_modules(args.pyproject))
+        print(f"{args.results.name}: recorded {len(recorded)} modules" + "".join(f"\n  {k}" for k in kept))
+    problems += listed_but_not_survived(lines, {e.name for e in entries})
+    per_module, survivors = tally(lines, {e.name for e in entries if not e.device_only},
+                                  frozenset(e.name for e in entries if e.device_only))
+    total = print_table(per_module)
+    if survivors:
+        print("\nsurvivors (mutmut show NAME):\n  " + "\n  ".join(survivors))
+    device = sorted(e.name for e in entries if e.device_only)
+    if device:
+        print(f"\ndevice-only survivors ({len(device)}: differ only on an accelerator):\n  "
+              + "\n  ".join(device))
+    if problems:
+        report(problems, f"stale entries in {args.list}")
+        return 1
+    return 0 if score(total) >= args.target else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     entries = read_entries(args.list)
+    if args.table or args.update_docs:
+        return _table(args, entries)
     index = SourceIndex(args.src)
     if args.show_stale:
         show_stale(entries, index)
@@ -415,22 +586,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"{args.list.name}: {len(entries)} entries match the source")
         return 0
-
-    lines = sys.stdin.read().splitlines()
-    problems += listed_but_not_survived(lines, {e.name for e in entries})
-    per_module, survivors = tally(lines, {e.name for e in entries if not e.device_only},
-                                  frozenset(e.name for e in entries if e.device_only))
-    total = print_table(per_module)
-    if survivors:
-        print("\nsurvivors (mutmut show NAME):\n  " + "\n  ".join(survivors))
-    device = sorted(e.name for e in entries if e.device_only)
-    if device:
-        print(f"\ndevice-only survivors ({len(device)}: differ only on an accelerator):\n  "
-              + "\n  ".join(device))
-    if problems:
-        report(problems, f"stale entries in {args.list}")
-        return 1
-    return 0 if score(total) >= args.target else 1
+    return _score(args, entries, problems)
 
 
 if __name__ == "__main__":

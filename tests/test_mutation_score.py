@@ -4,6 +4,7 @@ check of tests/mutation_equivalent.txt against the source (names and source hash
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from collections import Counter
@@ -266,3 +267,111 @@ def test_show_stale_prints_what_a_changed_entry_names_now(tree: Path, monkeypatc
     assert capsys.readouterr().out.splitlines() == [
         "line 3: pkg.example.schedule.x_constant_lr__mutmut_1", "  listed: the default is unused",
         "  -return peak_lr", "  +return None"]
+
+
+# --- the recorded results and the table of docs/testing.md
+
+def test_record_writes_the_modules_run_in_full_and_keeps_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "results.json"
+    earlier = {"mutants": 9, "killed": 8, "survived": ["pkg.example.io.x_save_optimizer__mutmut_2"], "not_run": []}
+    path.write_text(json.dumps({"pkg.example.io": earlier, "pkg.old": earlier}))
+    recorded, kept = score_mod.record_results(
+        RESULTS.splitlines() + ["    pkg.example.schedule.x_noam_lr__mutmut_10: skipped",
+                                "    pkg.example.schedule.x_noam_lr__mutmut_3: no tests"], path)
+    # io has a mutant not checked (a run of some functions only): its earlier record stays.
+    assert recorded == ["pkg.example.schedule"]
+    assert kept == ["pkg.example.io: 1 of 3 mutants not checked, its results not recorded"]
+    assert json.loads(path.read_text(encoding="utf-8")) == {
+        "pkg.example.io": earlier, "pkg.old": earlier,
+        "pkg.example.schedule": {
+            "mutants": 6, "killed": 2,  # a timeout is a kill
+            "survived": ["pkg.example.schedule.x_constant_lr__mutmut_1",  # functions, then numbers
+                         "pkg.example.schedule.x_noam_lr__mutmut_2", "pkg.example.schedule.x_noam_lr__mutmut_3"],
+            "not_run": ["pkg.example.schedule.x_noam_lr__mutmut_10"]}}
+
+
+
+def test_a_mutated_module_absent_from_the_listing_is_recorded_without_mutants(tmp_path: Path) -> None:
+    """mutmut lists every mutant of the modules it mutates, run or not: a module of
+    only_mutate that the listing lacks has none (Protocol declarations only)."""
+    path = tmp_path / "results.json"
+    mutated = {"pkg.example.schedule", "pkg.example.protocols"}
+    assert score_mod.record_results([], path, mutated) == ([], [])  # no listing: nothing known
+    assert json.loads(path.read_text(encoding="utf-8")) == {}
+    lines = [line for line in RESULTS.splitlines() if ".schedule." in line]
+    assert score_mod.record_results(lines, path, mutated) == (["pkg.example.protocols", "pkg.example.schedule"], [])
+    assert json.loads(path.read_text(encoding="utf-8"))["pkg.example.protocols"] == {
+        "mutants": 0, "killed": 0, "survived": [], "not_run": []}
+
+def _record(tree: Path) -> Path:
+    path = tree / "results.json"
+    path.write_text(json.dumps({
+        "pkg.example.schedule": {"mutants": 1203, "killed": 1199, "survived": [
+            "pkg.example.schedule.x_constant_lr__mutmut_1", "pkg.example.schedule.x_noam_lr__mutmut_2"],
+            "not_run": ["pkg.example.schedule.x_noam_lr__mutmut_7", "pkg.example.schedule.x_noam_lr__mutmut_8"]},
+        "pkg.example.io": {"mutants": 3, "killed": 2, "not_run": [],
+                           "survived": ["pkg.example.io.xǁCheckpointManagerǁprune__mutmut_3"]}}))
+    return path
+
+
+def test_the_table_counts_each_recorded_survivor_as_the_list_says(tree: Path) -> None:
+    method = _digest(IO, "CheckpointManager.prune")
+    listing = _listing(tree, _good_entry(), f"pkg.example.io.xǁCheckpointManagerǁprune__mutmut_3  src={method}  "
+                       "device-only  # only a CUDA run could tell")
+    done = _run(tree, listing, "--table", "--results", str(_record(tree)))
+    assert (done.returncode, done.stderr) == (0, "")
+    # Rows by path; the score is killed / (mutants - equivalent), rounded down (1199 / 1202
+    # is 99.75%); device-only and not-run mutants stay in the denominator.
+    assert done.stdout.splitlines() == [
+        "| module | mutants | killed | equivalent | device-only | surviving | not run | score |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| example/io.py | 3 | 2 | 0 | 1 | 0 | 0 | 66.6% |",
+        "| example/schedule.py | 1,203 | 1,199 | 1 | 0 | 1 | 2 | 99.7% |",
+        "| **total** | **1,206** | **1,201** | **1** | **1** | **1** | **2** | **99.6%** |"]
+    # An entry removed from the list makes its survivor count as surviving.
+    done = _run(tree, _listing(tree, _good_entry()), "--table", "--results", str(_record(tree)))
+    assert "| example/io.py | 3 | 2 | 0 | 0 | 1 | 0 | 66.6% |" in done.stdout.splitlines()
+
+
+def test_the_table_fails_on_a_mutated_module_without_results_and_the_reverse(tree: Path) -> None:
+    record = _record(tree)
+    results = json.loads(record.read_text(encoding="utf-8"))
+    results["pkg.example.gone"] = results.pop("pkg.example.io")
+    record.write_text(json.dumps(results))
+    done = _run(tree, _listing(tree, _good_entry()), "--table", "--results", str(record))
+    assert done.returncode == 1
+    assert "pkg.example.gone: recorded but not in [tool.mutmut] only_mutate" in done.stderr
+    assert "pkg.example.io: in [tool.mutmut] only_mutate but no results recorded" in done.stderr
+
+
+def test_update_docs_replaces_the_table_and_nothing_else(tree: Path) -> None:
+    docs = tree / "testing.md"
+    docs.write_text("# Testing\n\n**Score** (a machine):\n\n" + "\n".join(score_mod.TABLE_HEAD)
+                    + "\n| old/row.py | 1 | 1 | 0 | 0 | 0 | 0 | 100.0% |\n\nThe score is ...\n", encoding="utf-8")
+    done = _run(tree, _listing(tree, _good_entry()), "--update-docs", "--docs", str(docs), "--results",
+                str(_record(tree)))
+    assert done.returncode == 0, done.stderr
+    table = score_mod.table_lines(json.loads(_record(tree).read_text(encoding="utf-8")),
+                                  score_mod.read_entries(_listing(tree, _good_entry())))
+    assert docs.read_text(encoding="utf-8") == ("# Testing\n\n**Score** (a machine):\n\n" + "\n".join(table)
+                                                + "\n\nThe score is ...\n")
+    again = _run(tree, _listing(tree, _good_entry()), "--update-docs", "--docs", str(docs), "--results",
+                 str(_record(tree)))
+    assert "score table unchanged" in again.stdout
+
+
+def test_the_docs_rows_of_recorded_modules_are_the_derived_ones() -> None:
+    """Each module recorded in tests/mutation_results.json (by `make mutation`) has in
+    docs/testing.md's score table exactly the row `mutation_score.py --table` derives from its
+    results and the reviewed list (regenerate with `--update-docs`, never by hand); a module
+    not yet recorded keeps its last full run's row, and a recorded one must be mutated."""
+    text = (REPO / "docs" / "testing.md").read_text(encoding="utf-8")
+    start, end = score_mod.docs_table(text)
+    results = score_mod.read_results()
+    assert results, "no recorded results"
+    derived = [row for row in score_mod.table_lines(results, score_mod.read_entries())[2:]
+               if not row.startswith("| **total**")]
+    documented = text.splitlines()[start:end]
+    assert derived and [row for row in derived if row not in documented] == []
+    mutated = score_mod.mutated_modules(REPO / "pyproject.toml")
+    assert [p for p in score_mod.table_problems(results, mutated) if "no results recorded" not in p] == []

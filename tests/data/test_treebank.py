@@ -472,6 +472,22 @@ def test_prepare_parsing_data_trains_on_the_configured_pairs(prepared: tuple[dic
         assert (out / f"{role}.gold.txt").read_bytes() == (tmp_path / f"{role}.gold.txt").read_bytes()
 
 
+def test_prepare_parsing_data_draws_the_variants_with_the_configured_seed_and_rate(tmp_path: Path) -> None:
+    """data.seed and data.parsing_substitution_rate reach the draw of the variants: the
+    prepared pairs are write_parsing_text's with them, which another seed or rate changes."""
+    ptb = _mini_treebank(tmp_path / "ptb")
+    cfg = DataConfig(vocab_size=40, tgt_vocab_size=64, parsing_substitutions=1, parsing_substitution_rate=0.25,
+                     seed=3)
+    prepare_parsing_data(ptb, tmp_path / "p", cfg, progress=False)
+    drawn = {}
+    for rate, seed in ((0.25, 3), (0.5, 3), (0.25, 1)):
+        text = tmp_path / f"text-{rate}-{seed}"
+        write_parsing_text(ptb, text, substitutions=1, substitution_rate=rate, seed=seed)
+        drawn[rate, seed] = (text / "train.src.txt").read_text(encoding="utf-8").splitlines()
+    assert split_text(tmp_path / "p", "train")[0] == drawn[0.25, 3]
+    assert drawn[0.5, 3] != drawn[0.25, 3] and drawn[0.25, 1] != drawn[0.25, 3]
+
+
 def test_prepare_parsing_data_refusals_exactly(prepared: tuple[dict, Path, str, Path], tmp_path: Path) -> None:
     ptb = prepared[3]
     a_file = tmp_path / "file"

@@ -321,3 +321,40 @@ def test_replace_linears_keeps_weights_and_biases() -> None:
     assert torch.equal(model[0].bias, lins[0].bias.detach()) and model[2][0].bias is None
     assert torch.equal(model[2][1].bias, lins[2].bias.detach())
     assert torch.equal(out, expected)
+
+
+def test_with_int_mm_unpacks_onednn_weights_exactly() -> None:
+    """An oneDNN layer's int_mm twin: a new layer over the plain (K, N) int8 weight, the same
+    scales and bias objects, the same outputs as the oneDNN layer and the int64 reference;
+    the oneDNN layer itself is left as it was. An int_mm layer is its own twin."""
+    if "onednn" not in KERNELS:
+        pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
+    torch.manual_seed(7)
+    lin = nn.Linear(24, 10)
+    layer = Q.Int8Linear(lin.weight, lin.bias, kernel="onednn")
+    packed = layer.packed_weight
+    twin = layer.with_int_mm()
+    assert twin is not layer and type(twin) is Q.Int8Linear
+    assert layer.kernel == "onednn" and layer.packed_weight is packed
+    assert twin.kernel == "int_mm" and twin.extra_repr() == "in_features=24, out_features=10, kernel=int_mm"
+    w8, ws = Q.quantize_rows(lin.weight.detach(), Q.weight_qmax("onednn"))
+    assert twin.packed_weight.dtype == torch.int8 and twin.packed_weight.shape == (24, 10)
+    assert torch.equal(twin.packed_weight, w8.t())
+    assert twin.weight_scale is layer.weight_scale and twin.bias is layer.bias
+    x = torch.randn(6, 24) * 2
+    x8, xs = Q.quantize_rows(x)
+    expected = (x8.long() @ w8.long().t()).float() * ws[:, 0] * xs + lin.bias.detach()
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(twin(x), layer(x), rtol=1e-6, atol=1e-6)
+    plain = Q.Int8Linear(lin.weight, lin.bias, kernel="int_mm")
+    assert plain.with_int_mm() is plain
+
+
+def test_with_int_mm_refuses_a_weight_that_unpacks_to_another_shape() -> None:
+    if "onednn" not in KERNELS:
+        pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
+    layer = Q.Int8Linear(torch.randn(5, 3), kernel="onednn")
+    layer.packed_weight = torch.zeros(5, 3, dtype=torch.int8)  # (N, K): a layout not oneDNN's
+    with pytest.raises(RuntimeError, match=r"^Int8Linear: oneDNN's weight unpacks to \(5, 3\), not \(3, 5\)$"):
+        layer.with_int_mm()

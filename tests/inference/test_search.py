@@ -652,3 +652,87 @@ def test_prefix_tensors_are_built_on_the_given_device(prefix) -> None:
     assert ids.device.type == "meta" and ids.dtype == torch.long
     assert ids.shape == (2, 0 if prefix is None else 2)
     assert lengths.device.type == "cpu" and lengths.tolist() == ([0, 0] if prefix is None else [2, 0])
+
+
+# ------------------------------------------------------- rows that every mask closes
+
+
+def ends_at_three(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+    return {A: 0.7, B: 0.3} if len(prefix) < 3 else {EOS_ID: 0.8, A: 0.2}
+
+
+class _Closing:
+    """A constraint that masks every token of sentence s's rows from step ``at[s]`` on."""
+
+    def __init__(self, at: dict[int, int]) -> None:
+        self.at = at
+
+    def start(self, sent: torch.Tensor, max_len: torch.Tensor) -> _ClosingState:
+        return _ClosingState(self.at, sent.tolist())
+
+
+class _ClosingState:
+    def __init__(self, at: dict[int, int], sent: list[int]) -> None:
+        self.at, self.sent = at, sent
+
+    def mask(self, lprobs: torch.Tensor, t: int) -> None:
+        for row, s in enumerate(self.sent):
+            if t >= self.at.get(s, math.inf):
+                lprobs[row] = NEG_INF
+
+    def select(self, index: torch.Tensor) -> None:
+        self.sent = [self.sent[i] for i in index.tolist()]
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        pass
+
+
+def test_greedy_drops_the_rows_every_mask_closes_and_keeps_the_others_exactly() -> None:
+    """Sentences 0 and 2 closed at step 1 (two rows left), sentence 3 at step 2 (one row
+    left): they get no hypothesis, and sentence 1 ends at step 3 as it does alone."""
+    free = greedy_search(ScriptedModel(ends_at_three), _src(1), _cfg(beam=1))[0]
+    assert [(h.tokens, h.score) for h in free] == [([A, A, A], pytest.approx(3 * math.log(0.7) + math.log(0.8)))]
+    model = ScriptedModel(ends_at_three)
+    got = greedy_search(model, _src(0, 1, 2, 3), _cfg(beam=1), SearchInputs(constraint=_Closing({0: 1, 2: 1, 3: 2})))
+    assert got == [[], free, [], []]
+    assert model.rows_seen == [4, 4, 2, 1]  # the closed rows leave once their step is masked
+    everything = greedy_search(ScriptedModel(ends_at_three), _src(0, 1), _cfg(beam=1),
+                               SearchInputs(constraint=_Closing({0: 1, 1: 1})))
+    assert everything == [[], []]
+
+
+class _RecordingVocabulary:
+    """A step vocabulary that does not narrow: what the search asks of it."""
+
+    narrows = False
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.selected: list[tuple[list[int], bool]] = []
+
+    def start(self, sentences: int) -> None:
+        self.started.append(sentences)
+
+    def select(self, index: torch.Tensor, same_sources: bool = False) -> None:
+        self.selected.append((index.tolist(), same_sources))
+
+
+def test_the_step_vocabulary_follows_the_rows_with_the_models_hints() -> None:
+    def table(sent: int, prefix: tuple[int, ...]) -> dict[int, float]:
+        return table1(sent, prefix) if sent == 1 else never_ends(sent, prefix)
+
+    model, vocabulary = ScriptedModel(table), _RecordingVocabulary()
+    beam_search(model, _src(0, 1), _cfg(max_len_b=6, nbest=2), SearchInputs(vocabulary=vocabulary))
+    assert vocabulary.started == [2]
+    assert vocabulary.selected[0] == ([0, 0, 1, 1], False)  # the beams of each sentence
+    assert [hint for _, hint in vocabulary.selected] == model.hints == [False, False, True, True, True, True]
+
+
+class _Narrowing:
+    narrows = True
+
+
+def test_a_constraint_and_a_narrowing_vocabulary_are_refused_together() -> None:
+    with pytest.raises(ValueError, match=r"^a constraint masks the whole vocabulary: it cannot drive steps that "
+                                         r"narrow it$"):
+        search(ScriptedModel(table0), _src(0), _cfg(), SearchInputs(constraint=_Closing({}), vocabulary=_Narrowing()))

@@ -66,3 +66,10 @@ def test_max_output_lengths(a: float, b: int, model_steps: int | None, prefix: l
     got = max_output_lengths(torch.tensor([0, 3, 10, 0]), cfg, model_steps, prefix_len)
     assert got.dtype == torch.long
     assert got.tolist() == expected
+
+
+def test_max_output_lengths_of_no_sentence_is_an_empty_int64_tensor() -> None:
+    cfg = DecodeConfig(max_len_a=1.0, max_len_b=5)
+    for prefix_len in (None, torch.zeros(0, dtype=torch.long)):
+        got = max_output_lengths(torch.zeros(0, dtype=torch.long), cfg, 64, prefix_len)
+        assert got.dtype == torch.long and got.shape == (0,)
