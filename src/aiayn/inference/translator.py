@@ -1,8 +1,6 @@
 """Text in, text out: a checkpoint's decoding engine, its tokenizer and its decoding defaults.
 
     translator = Translator.from_checkpoint("runs/base")         # device cpu, dtype "auto"
-    translator.translate(["A man is riding a bike."])            # -> ["Ein Mann ..."]
-    translator.translate_detailed(texts, nbest=4, attention=True)  # scores, pieces, weights
     translator.run(TranslationRequest(texts, translator.decode_config(beam=5), prefixes=...))
 
 A request is encoded once (:mod:`aiayn.inference.request`), its sentences sorted by length
@@ -28,14 +26,9 @@ from aiayn.runtime.precision import DtypeChoice
 
 
 class Translator:
-    """A model (or an ensemble) + tokenizer + decoding defaults, translating lists of sentences.
-
-    ``config``: the checkpoint's [Config][aiayn.config.Config] (a bare ``DecodeConfig`` is
-    accepted, e.g. from the trainer's validation). ``device``, ``dtype`` (``auto`` picks the
-    fastest precision of this device that keeps float32's quality; the constructor's default is
-    fp32, ``from_checkpoint``'s ``auto``) and ``compile`` (run the decoding steps compiled ahead
-    of time) are the engine's (:class:`~aiayn.inference.engine.DecodingEngine`).
-    """
+    """A model (or an ensemble) + tokenizer + decoding defaults (``config``: a checkpoint's
+    [Config][aiayn.config.Config] or a ``DecodeConfig``); ``device``, ``dtype`` (fp32 here, ``auto``
+    in ``from_checkpoint``) and ``compile`` are the :class:`~aiayn.inference.engine.DecodingEngine`'s."""
 
     def __init__(self, model: Transformer | Sequence[Transformer], tokenizer: Any,
                  config: Config | DecodeConfig | None = None, device: str | torch.device = "cpu",
@@ -53,14 +46,18 @@ class Translator:
         model, tokenizer and decoding defaults. Several paths: their weights averaged, or with
         ``ensemble`` decoded as an ensemble. Raises CheckpointError (a missing, incomplete or
         corrupted checkpoint, or one without its tokenizer) and ConfigError (a device or dtype
-        this machine does not have): ``Translator.from_checkpoint("runs/mine/averaged", dtype="bf16")``.
+        this machine does not have).
+
+        Example:
+            ```python
+            translator = Translator.from_checkpoint("runs/mine/averaged", dtype="bf16")
+            ```
         """
         loaded = load_models([path] if isinstance(path, (str, Path)) else list(path), ensemble=ensemble)
         return cls(loaded.models, loaded.tokenizer, loaded.config, device=device, dtype=dtype, compile=compile)
 
     compiled = property(lambda self: self.engine.compiled, doc="Whether the decoding steps run compiled.")
     decoder = property(lambda self: self.engine.decoder, doc="The engine's step function (eager or compiled).")
-
     def use_compiled(self, warm_up: Sequence[Sequence[str]] = ()) -> None:
         """Decode with compiled steps from now on, after translating the batches of texts
         ``warm_up`` with them (calls meanwhile, e.g. a server's, keep the eager steps)."""
@@ -73,8 +70,7 @@ class Translator:
         """Whether compiling the steps wins back its warm-up over ``lines`` more lines at ``cfg``'s beam."""
         return self.engine.compile_pays(lines, per_source=(cfg or self.config.decode).beam)
 
-    def decode_config(self, **overrides: Any) -> DecodeConfig:
-        """The checkpoint's decoding options with ``overrides`` (None values are ignored)."""
+    def decode_config(self, **overrides: Any) -> DecodeConfig:  # None values are ignored
         return self.config.decode.with_overrides(**overrides)
 
     def source_tokenizer(self, cfg: DecodeConfig) -> Any:
@@ -112,8 +108,12 @@ class Translator:
         entry per text (None, a list of phrases to include, or ``{"include": [...], "exclude":
         [...]}``); ``constraints_best_effort``: translate a text whose constraints cannot be met
         without them (a warning) instead of raising ConstraintError. ``decode_overrides``: any
-        ``DecodeConfig`` field (``beam``, ``lenpen``, ``max_len_b``, ``sampling``, ...):
-        ``translator.translate(["A dog chases a red ball."], constraints=[["Hund", "roten Ball"]], beam=5)``.
+        ``DecodeConfig`` field (``beam``, ``lenpen``, ``max_len_b``, ``sampling``, ...).
+
+        Example:
+            ```python
+            translator.translate(["A dog chases a red ball."], constraints=[["Hund", "roten Ball"]], beam=5)
+            ```
         """
         results = self.translate_detailed(texts, constraints=constraints,
                                           constraints_best_effort=constraints_best_effort, **decode_overrides)
