@@ -387,7 +387,7 @@ def print_table(per_module: dict[str, Counter]) -> Counter:
         if module != "total":
             total.update(c)
         print(f"{module:<34} {sum(c.values()):>7} {c['killed']:>6} {c['equivalent']:>5} "
-              f"{c['device']:>6} {c['survived'] + c['other']:>8} {score(c):>5.1f}%")
+              f"{c['device']:>6} {c['survived'] + c['other']:>8} {percent(score(c)):>6}")
     return total
 
 
@@ -444,11 +444,15 @@ TABLE_HEAD = ("| module | mutants | killed | equivalent | device-only | survivin
 COLUMNS = ("mutants", "killed", "equivalent", "device", "surviving", "not_run")
 
 
-def table_score(c: Counter) -> str:
-    """killed / (mutants - equivalent), rounded down: 100.0% only when every judged mutant died."""
-    judged = c["mutants"] - c["equivalent"]
-    value = 100.0 * c["killed"] / judged if judged else 100.0
+def percent(value: float) -> str:
+    """A score rounded down to one decimal: 100.0% only when every judged mutant died."""
     return f"{math.floor(value * 10) / 10:.1f}%"
+
+
+def table_score(c: Counter) -> str:
+    """killed / (mutants - equivalent), as :func:`score` counts it."""
+    judged = c["mutants"] - c["equivalent"]
+    return percent(100.0 * c["killed"] / judged if judged else 100.0)
 
 
 def table_lines(results: dict[str, dict], entries: list[Entry]) -> list[str]:

@@ -5,7 +5,9 @@ never, and bad constraint files get one line naming file:line."""
 from __future__ import annotations
 
 import gzip
+import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,8 @@ from tests.tiny_world import WORDS, WORDS_DE
 
 from aiayn.errors import ConstraintError, DataError
 from aiayn.inference.terms import (
+    MAX_PHRASE_CHARS,
+    MAX_PHRASES,
     SentenceConstraints,
     TermDictionary,
     parse_constraints_line,
@@ -146,6 +150,52 @@ def test_term_dictionary(tmp_path: Path) -> None:
         with pytest.raises(DataError, match=message):
             TermDictionary.load(path)
 
+
+
+def _refusal(line: str) -> str:
+    with pytest.raises(DataError) as caught:
+        parse_constraints_line(line, "f:1")
+    return str(caught.value)
+
+
+def test_constraint_lines_are_bounded_exactly_at_the_limits() -> None:
+    """As many phrases and characters as the limits allow are read; one more is refused, in
+    one line naming the limit."""
+    words = [f"w{i}" for i in range(MAX_PHRASES + 1)]
+    assert len(parse_constraints_line(json.dumps(words[:-1]), "f:1").include) == MAX_PHRASES
+    assert _refusal(json.dumps(words)) == (
+        f"f:1: constraints: {MAX_PHRASES + 1} phrases; at most {MAX_PHRASES} per sentence")
+    longest = "a" * MAX_PHRASE_CHARS
+    assert parse_constraints_line(json.dumps({"exclude": [longest]}), "f:1").exclude == (longest,)
+    assert _refusal(json.dumps({"exclude": ["b", longest + "a"]})) == (
+        f"f:1: constraints.exclude[1]: a phrase of {MAX_PHRASE_CHARS + 1} characters; at most {MAX_PHRASE_CHARS}")
+
+
+@pytest.mark.parametrize("code", [0xD800, 0xDBFF, 0xDC00, 0xDFFF])
+def test_a_lone_surrogate_is_refused_and_its_neighbours_are_text(code: int) -> None:
+    assert _refusal(json.dumps(["Hund", "rot" + chr(code)])) == (
+        f"f:1: constraints[1]: a lone surrogate (U+{code:04X}), not text; write the character itself or its "
+        "surrogate pair")
+    for text in (chr(0xD7FF), chr(0xE000), "\U0001F415"):
+        assert parse_constraints_line(json.dumps([text]), "f:1").include == (text,)
+
+
+def test_json_too_deep_or_too_long_a_number_is_one_line() -> None:
+    assert _refusal("[" * 100_000) == ('f:1: JSON nested too deeply; a constraint is a list of phrases or an object '
+                                       '{"include": [...], "exclude": [...]}')
+    assert _refusal("[" + "9" * 5000 + "]") == (f"f:1: a number of more than {sys.get_int_max_str_digits()} digits; "
+                                                "a constraint holds phrases (JSON strings)")
+
+
+def test_a_term_is_bounded_exactly_at_the_limit(tmp_path: Path) -> None:
+    path = tmp_path / "terms.tsv"
+    longest = "a" * MAX_PHRASE_CHARS
+    path.write_text(f"dog\t{longest}\n", encoding="utf-8")
+    assert TermDictionary.load(path).constraints("a dog") == SentenceConstraints((longest,))
+    path.write_text(f"dog\tHund\n{longest}b\tx\n", encoding="utf-8")
+    with pytest.raises(DataError) as caught:
+        TermDictionary.load(path)
+    assert str(caught.value) == f"{path}:2: a term of {MAX_PHRASE_CHARS + 1} characters; at most {MAX_PHRASE_CHARS}"
 
 # --------------------------------------------------------------------------- CLI
 
