@@ -674,15 +674,24 @@ def open_text_input(path: str | os.PathLike) -> Iterator[tuple[IO[bytes], bool]]
             yield f, False
 
 
+# What reading a (possibly gzip) text stream raises on damaged data or a failing disk.
+READ_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error, OSError)
+
+
+def read_error(exc: BaseException, name: str, line: int, compressed: bool) -> DataError:
+    """A read failure at ``line`` of ``name`` as one line: corrupt gzip data, or a read error."""
+    what = "corrupt gzip data" if compressed else "read error"
+    return DataError(f"{name}:{line}: {what} ({exc or type(exc).__name__})")
+
+
 def _raw_lines(stream: IO[bytes], name: str, compressed: bool) -> Iterator[tuple[int, bytes]]:
     """(byte offset, line without its \\n) for each line; a read error names the line."""
     lineno, offset = 0, 0
     while True:
         try:
             raw = stream.readline()
-        except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
-            what = "corrupt gzip data" if compressed else "read error"
-            raise DataError(f"{name}:{lineno + 1}: {what} ({exc or type(exc).__name__})") from None
+        except READ_ERRORS as exc:
+            raise read_error(exc, name, lineno + 1, compressed) from None
         if not raw:
             return
         lineno += 1
@@ -776,7 +785,6 @@ def count_lines(path: str | os.PathLike, gzipped: bool = True) -> int | None:
                 first = False
                 if block:
                     n, last = n + block.count(b"\n"), block[-1:]
-        except (gzip.BadGzipFile, EOFError, zlib.error, OSError) as exc:
-            what = "corrupt gzip data" if compressed else "read error"
-            raise DataError(f"{path}:{n + 1}: {what} ({exc or type(exc).__name__})") from None
+        except READ_ERRORS as exc:
+            raise read_error(exc, str(path), n + 1, compressed) from None
         return n + (last != b"\n")

@@ -117,9 +117,8 @@ class DecodingEngine:
         self.optimized = [optimize_for_inference(m.to(self.device).eval(), dtype=weights) for m in trained]
         self.model = self.optimized[0].model
         positions = [n for m in trained if (n := getattr(m.src_positions, "max_positions", None)) is not None]
-        self.decoder: DecoderModel = self._decoder(IncrementalDecoder)
+        self.decoder: DecoderModel = self._joined([IncrementalDecoder(o) for o in self.optimized])
         self.limits = SourceLimits(min(positions) if positions else None, self.decoder.max_steps)
-        self.compiled = False  # whether the decoding steps run compiled
         self._compiled: DecoderModel | None = None
         self._compiled_members: list[CompiledDecoder] = []
         if compile:
@@ -127,8 +126,10 @@ class DecodingEngine:
 
     # ------------------------------------------------------------ compiled steps
 
-    def _decoder(self, step: type) -> DecoderModel:
-        return self._joined([step(optimized) for optimized in self.optimized])
+    @property
+    def compiled(self) -> bool:
+        """Whether the decoding steps run compiled."""
+        return self._compiled is not None and self.decoder is self._compiled
 
     @staticmethod
     def _joined(members: list[Any]) -> DecoderModel:
@@ -152,7 +153,7 @@ class DecodingEngine:
         decoder = self.compiled_decoder()
         if warm_up is not None:
             warm_up(decoder)
-        self.decoder, self.compiled = decoder, True
+        self.decoder = decoder
 
     def compile_pays(self, lines: int | None, per_source: int) -> bool:
         """Whether compiling the steps wins back its warm-up over ``lines`` more lines (None:

@@ -53,6 +53,7 @@ from fastapi.security import APIKeyHeader, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from aiayn.config import DecodeConfig
 from aiayn.errors import AiaynError
 from aiayn.inference.protocol import TranslatorProtocol
 from aiayn.inference.request import SourceTooLong, TranslationRequest
@@ -428,20 +429,16 @@ class TranslationService:
         if beam is not None and req.nbest > beam:
             raise APIError(422, "invalid_request", f"nbest: {req.nbest} is more than beam={beam}")
         if req.attention:
-            self._check_attention_size(req, lengths)
+            self._check_attention_size(decode, lengths)
         return sources
 
-    def _check_attention_size(self, req: RequestBase, lengths: list[int]) -> None:
-        """Refuse, before any decoding, a request whose attention could outgrow the limit: a
-        small request asking for long outputs' attention would otherwise cost the server
-        (and the client) hundreds of megabytes."""
+    def _check_attention_size(self, decode: DecodeConfig, lengths: list[int]) -> None:
+        """Refuse, before any decoding, a request whose attention could outgrow the limit
+        (``decode``: its options): a small request asking for long outputs' attention would
+        otherwise cost the server (and the client) hundreds of megabytes."""
         cfg = self.translator.config
         if cfg is None:
             return
-        try:
-            decode = cfg.decode.with_overrides(**req.decode_overrides())
-        except AiaynError as exc:
-            raise APIError(422, "invalid_request", str(exc)) from None
         per_position = cfg.model.n_decoder_layers * cfg.model.n_heads
         longest = self.max_positions or 1 << 30
         bound = sum(per_position * min(decode.max_output_len(n) + 1, longest) * n
