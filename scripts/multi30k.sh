@@ -11,6 +11,7 @@
 #   SEED=3 bash scripts/multi30k.sh               # members with seeds 3 and 4 instead of 1 and 2
 #   DATA_DIR=/path/to/mirror RUN=runs/x bash scripts/multi30k.sh train.max_time_minutes=10
 #   COMPILE=auto bash scripts/multi30k.sh         # test translation without building compiled steps
+#   VARIANTS=none bash scripts/multi30k.sh        # the config as written, whatever the machine
 #
 # The corpus comes from the mirror folder DATA_DIR, else $AIAYN_DATA_MIRROR; with neither,
 # `aiayn prepare` downloads it (into $AIAYN_CACHE_DIR, default ~/.cache/aiayn/datasets).
@@ -21,6 +22,13 @@
 # translation runs with `--compile $COMPILE` (default on): it leaves each member's compiled
 # decoding step in the compile cache, so later translations with these models on this machine
 # start warm instead of decoding eagerly.
+#
+# Before training, `aiayn choose-recipe` times a few updates of the config on each member's
+# threads and picks the variant of VARIANTS (default configs/multi30k_variants.yaml) that fits
+# the updates this machine makes in train.max_time_minutes: the config as written where the CPU
+# has bf16 units, a lighter model and schedule where it trains in fp32 (docs/results.md). The
+# choice and its reason print here and land in RUN/recipe.json; a run bounded by
+# train.max_steps keeps the config as written.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The config's data section (one "key: value" line each, as in configs/) names the languages.
@@ -47,6 +55,8 @@ SEED_GIVEN=()
 [ -z "${SEED:-}" ] || SEED_GIVEN=("train.seed=$SEED")
 SEED=${SEED:-1}
 [[ "$SEED" =~ ^[0-9]+$ ]] || { echo "multi30k.sh: SEED=$SEED: give a whole number, the first member's seed" >&2; exit 2; }
+VARIANTS=${VARIANTS:-configs/multi30k_variants.yaml}
+[ "$VARIANTS" = none ] || [ -f "$VARIANTS" ] || { echo "multi30k.sh: VARIANTS=$VARIANTS: no such file (or none)" >&2; exit 2; }
 COMPILE=${COMPILE:-on}
 [[ "$COMPILE" =~ ^(on|off|auto)$ ]] || { echo "multi30k.sh: COMPILE=$COMPILE: give on, off or auto" >&2; exit 2; }
 AIAYN=${AIAYN:-.venv/bin/aiayn}
@@ -57,18 +67,36 @@ $AIAYN prepare --config "$CONFIG" "${DATA_ARGS[@]}" --out "$PREPARED"
 
 # A member's run directory: RUN itself for one model, RUN/memberK for several.
 member_dir() { if [ "$MEMBERS" = 1 ]; then echo "$RUN"; else echo "$RUN/member$1"; fi; }
+THREADS=${AIAYN_NUM_THREADS:-$(nproc)}
+PER=$(( THREADS / MEMBERS > 0 ? THREADS / MEMBERS : 1 ))
+
+# The variant for this machine: its overrides come before the caller's, which win.
+FIT=()
+CHOICE=$(mktemp)
+trap 'rm -f "$CHOICE" "$CHOICE.json"' EXIT
+if [ "$VARIANTS" != none ]; then
+    echo "== choose the recipe ($VARIANTS, $PER thread(s) per member)"
+    PREVIOUS=()  # a run that resumes keeps the variant it started with
+    [ ! -f "$RUN/recipe.json" ] || PREVIOUS=(--previous "$RUN/recipe.json")
+    AIAYN_NUM_THREADS=$PER $AIAYN choose-recipe --config "$CONFIG" --variants "$VARIANTS" "${PREVIOUS[@]}" \
+        "data.prepared_dir=$PREPARED" "$@" --json "$CHOICE.json" > "$CHOICE"
+    mapfile -t FIT < "$CHOICE"
+fi
+# Written once the run directory is the run's (an empty RUN is refused as not a run before that).
+keep_choice() { [ ! -f "$CHOICE.json" ] || cp "$CHOICE.json" "$RUN/recipe.json"; }
 
 if [ "$MEMBERS" = 1 ]; then
     echo "== train ($RUN)"
-    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@" "${SEED_GIVEN[@]}"
+    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "${FIT[@]}" "$@" "${SEED_GIVEN[@]}"
+    keep_choice
 else
-    THREADS=${AIAYN_NUM_THREADS:-$(nproc)}
-    PER=$(( THREADS / MEMBERS > 0 ? THREADS / MEMBERS : 1 ))
     # A mistake in the overrides: one message and exit 2 here, before any member starts.
-    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "$@" --print-config > /dev/null
+    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "${FIT[@]}" "$@" \
+        --print-config > /dev/null
     mkdir -p "$RUN"
+    keep_choice
     # An interrupted or failed run stops every member.
-    trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+    trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$CHOICE" "$CHOICE.json"' EXIT
     trap 'exit 130' INT TERM
     for k in $(seq 1 "$MEMBERS"); do
         log="$RUN/member$k.log"
@@ -78,7 +106,7 @@ else
         (
             [ "$k" = 1 ] || exec > "$log" 2>&1
             AIAYN_NUM_THREADS=$PER exec $AIAYN train --config "$CONFIG" --run-dir "$(member_dir "$k")" \
-                "data.prepared_dir=$PREPARED" "$@" "train.seed=$seed"
+                "data.prepared_dir=$PREPARED" "${FIT[@]}" "$@" "train.seed=$seed"
         ) &
     done
     for _ in $(seq 1 "$MEMBERS"); do
@@ -88,7 +116,7 @@ else
              "member K to $RUN/memberK.log" >&2
         exit "$status"
     done
-    trap - EXIT
+    trap 'rm -f "$CHOICE" "$CHOICE.json"' EXIT
 fi
 
 CHECKPOINTS=()

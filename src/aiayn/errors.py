@@ -39,6 +39,9 @@ class ConstraintError(DataError):
         self.index = index
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type, tuple[int, str]]:  # pickled whole: it crosses from a decoding worker
+        return type(self), (self.index, self.reason)
+
 
 class CheckpointError(AiaynError):
     """A missing, incomplete or corrupted checkpoint."""

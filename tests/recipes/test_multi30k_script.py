@@ -103,3 +103,52 @@ def test_the_corpus_comes_from_data_dir_else_the_mirror_variable_else_a_download
     assert proc.returncode == 0, proc.stderr
     assert _calls(tmp_path, "prepare") == [
         f"threads=4 prepare --config configs/multi30k_en_de.yaml {expected}--out {tmp_path / 'data-bin'}"]
+
+
+def _choosing_aiayn(tmp_path: Path, *overrides: str) -> dict[str, str]:
+    """The recording `aiayn`, whose `choose-recipe` prints ``overrides`` and writes its --json."""
+    env = _fake_aiayn(tmp_path)
+    lines = "\\n".join(overrides)
+    Path(env["AIAYN"]).write_text(
+        '#!/usr/bin/env bash\necho "threads=${AIAYN_NUM_THREADS:-} $*" >> "$CALLS"\n'
+        'if [ "$1" = choose-recipe ]; then\n'
+        f'  printf "{lines}\\n"\n'
+        '  while [ $# -gt 0 ]; do [ "$1" = --json ] && echo \'{"variant": {"name": "light"}}\' > "$2"; shift; done\n'
+        'fi\n')
+    return env
+
+
+def test_the_chosen_variant_comes_before_the_callers_overrides_and_is_kept(tmp_path: Path) -> None:
+    env = _choosing_aiayn(tmp_path, "model.d_ff=512", "train.warmup_steps=200")
+    proc = _script(tmp_path, "train.warmup_steps=300", **env)
+    assert proc.returncode == 0, proc.stderr
+    run, prep, config = tmp_path / "run", tmp_path / "data-bin", "configs/multi30k_en_de.yaml"
+    [choose] = _calls(tmp_path, "choose-recipe")
+    assert choose.startswith(f"threads=2 choose-recipe --config {config} --variants configs/multi30k_variants.yaml "
+                             f"data.prepared_dir={prep} train.warmup_steps=300 --json ")
+    assert sorted(_calls(tmp_path, "train")) == [
+        f"threads=2 train --config {config} --run-dir {run}/member{k} data.prepared_dir={prep} model.d_ff=512 "
+        f"train.warmup_steps=200 train.warmup_steps=300 train.seed={k}" for k in (1, 2)]
+    assert (run / "recipe.json").read_text() == '{"variant": {"name": "light"}}\n'
+    # Run again (a resumed run): the earlier choice is handed back, not measured anew.
+    (tmp_path / "calls.txt").unlink()
+    assert _script(tmp_path, **env).returncode == 0
+    [again] = _calls(tmp_path, "choose-recipe")
+    assert f"--previous {run}/recipe.json " in again
+
+
+def test_variants_none_trains_the_config_as_written(tmp_path: Path) -> None:
+    env = {**_choosing_aiayn(tmp_path, "model.d_ff=512"), "VARIANTS": "none", "MEMBERS": "1"}
+    (tmp_path / "run").mkdir()
+    proc = _script(tmp_path, **env)
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp_path, "choose-recipe") == []
+    assert _calls(tmp_path, "train") == [f"threads=4 train --config configs/multi30k_en_de.yaml --run-dir "
+                                         f"{tmp_path / 'run'} data.prepared_dir={tmp_path / 'data-bin'}"]
+    assert not (tmp_path / "run" / "recipe.json").exists()
+
+
+def test_a_missing_variants_file_is_one_line(tmp_path: Path) -> None:
+    proc = _script(tmp_path, VARIANTS="nope.yaml")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["multi30k.sh: VARIANTS=nope.yaml: no such file (or none)"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import re
 import sys
 import typing
@@ -20,8 +21,8 @@ from aiayn.runtime.process import exit_now, set_threads, tune_allocator
 
 # Module names under aiayn.cli, in the order `aiayn --help` lists them.
 SUBCOMMANDS = (
-    "demo", "prepare", "train", "average", "translate", "evaluate", "tune_decoding", "parse", "serve", "plot",
-    "export", "import_hf", "model_info",
+    "demo", "prepare", "choose_recipe", "train", "average", "translate", "evaluate", "tune_decoding", "parse",
+    "serve", "plot", "export", "import_hf", "model_info",
 )
 
 
@@ -69,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The exit code of a command whose standard output was closed by its reader: a shell's for a
+# process that SIGPIPE ended (128 + 13).
+PIPE_CLOSED = 141
+
+
+def _quiet_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush of what the
+    closed pipe did not take raises nothing more."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind it (a test's capture)
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     tune_allocator()  # before the first large tensor; AIAYN_MALLOC=system opts out
     parser = build_parser()
@@ -83,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
     except AiaynError as exc:
         print(f"aiayn {args.command}: error: {capped(str(exc))}", file=sys.stderr)
         sys.exit(exc.exit_code)
+    except BrokenPipeError:  # whoever read standard output stopped (`aiayn evaluate ... | head -1`)
+        _quiet_stdout()
+        sys.exit(PIPE_CLOSED)
     except Exception as exc:
         if fileio.disk_errno(exc) is None:
             raise

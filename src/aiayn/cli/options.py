@@ -124,6 +124,15 @@ def add_threads(container: Container) -> None:
                            help="CPU threads for torch (default: $AIAYN_NUM_THREADS, else one per core)")
 
 
+def add_workers(container: Container) -> None:
+    """``--workers auto|N``: decoding worker processes (:func:`aiayn.runtime.process.decode_workers`)."""
+    container.add_argument("--workers", default="auto", metavar="N",
+                           help="processes that decode batches side by side, sharing --threads (default auto: "
+                                "one single-threaded worker per thread on a CPU for a file of 64+ lines per "
+                                "worker decoded eagerly; 1 decodes in this process, as a GPU, a stream or a "
+                                "compiled step always does)")
+
+
 def add_on_invalid_utf8(container: Container) -> None:
     container.add_argument("--on-invalid-utf8", choices=("error", "replace"), default="error",
                            help="invalid UTF-8 input: an error naming the line (default), or replace with U+FFFD")

@@ -91,6 +91,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     options.add_device_flags(p)
     options.add_compile(p, "where the input file's line count is estimated to win the warm-up back "
                            "(never for standard input or a few lines)")
+    options.add_workers(p)
     p.add_argument("--format", choices=("text", "jsonl"), default="text", help="see 'output format' below")
     p.add_argument("--scores", action="store_true", help="text format: a score after each translation")
     p.add_argument("--alignment", action="store_true",
@@ -249,8 +250,11 @@ class _Job:
     """One `aiayn translate` run: the checks, the pass over the input, the output."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
         from aiayn.checkpoint.directory import resolve_checkpoint
         from aiayn.inference.translator import Translator
+        from aiayn.runtime.process import decode_workers
 
         self.args = args
         self.overrides = options.decode_overrides(args)
@@ -271,6 +275,8 @@ class _Job:
         self.terms = translate_constraints.check_files(args.constraints, args.terms, _utf8_mode(args.on_invalid_utf8),
                                                        self.total, args.input)
         self.compiling = args.compile == "auto" and self.translator.compile_pays(self.total, self.cfg)
+        self.workers = decode_workers(args.workers, device.type, torch.get_num_threads(),
+                                      None if self.stream else self.total)
 
     def start(self) -> None:
         """Say what auto chose (after every check: an error stays the only line on stderr)."""
@@ -279,6 +285,11 @@ class _Job:
             if not self.args.quiet:
                 print(f"compile auto -> on ({self.total} lines win its warm-up back)", file=sys.stderr)
             self.translator.use_compiled()
+        elif self.workers[0] > 1:
+            if not self.args.quiet and self.args.workers == "auto":
+                print(f"workers auto -> {self.workers[0]} processes of {self.workers[1]} thread(s) "
+                      f"({self.total} lines)", file=sys.stderr)
+            self.translator.engine.use_workers(*self.workers)
 
     def _scan(self) -> None:
         """One pass over a regular input file (and prefix file) before any translation."""
@@ -435,6 +446,8 @@ def run(args: argparse.Namespace) -> int:
         if note:
             print(f"aiayn translate: {note}", file=sys.stderr)
         raise
+    finally:
+        job.translator.engine.use_workers(1)  # the worker processes, if any, stop
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"translated {done} lines in {elapsed:.1f}s ({done / max(elapsed, 1e-9):.1f} lines/s)",

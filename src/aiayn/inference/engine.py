@@ -10,18 +10,21 @@ decoding step depends on:
 - the ensemble: several models decoded as one (:class:`~aiayn.inference.adapters.EnsembleDecoder`);
 - the compiled step and its cache on disk: AOTInductor packages on a CPU
   (:mod:`aiayn.inference.compiled`, :mod:`aiayn.inference.step_packages`), CUDA graphs on a GPU
-  (:mod:`aiayn.inference.cuda_graphs`).
+  (:mod:`aiayn.inference.cuda_graphs`);
+- worker processes that search a request's batches side by side on a CPU
+  (:mod:`aiayn.inference.workers`).
 
 ``decoder`` is the one step function the search drives (``init_state`` / ``step(tokens, state,
 need_attn, vocabulary)`` / ``reorder``), eager or compiled behind the same interface; a
 vocabulary shortlist is the step's ``vocabulary`` argument (:mod:`aiayn.inference.step_vocabulary`).
-:meth:`DecodingEngine.search` runs one batch of an encoded request.
+:meth:`DecodingEngine.search` runs one batch of an encoded request, :meth:`DecodingEngine.search_batches`
+all of them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,7 @@ from aiayn.inference.phrase_constraints import PhraseConstraint
 from aiayn.inference.request import EncodedSentence, SourceLimits, TranslationRequest
 from aiayn.inference.search import DecoderModel, SearchHypothesis, SearchInputs, StepVocabulary, search
 from aiayn.inference.step_vocabulary import SENTENCES_PER_LIST, BatchVocabulary, SentenceVocabulary
+from aiayn.inference.workers import SearchWorkers
 from aiayn.model import Transformer, count_parameters
 from aiayn.runtime.devices import resolve_device
 from aiayn.runtime.precision import INFERENCE_PRECISIONS, DtypeChoice, resolve_inference_dtype, torch_dtype
@@ -121,6 +125,8 @@ class DecodingEngine:
         self.limits = SourceLimits(min(positions) if positions else None, self.decoder.max_steps)
         self._compiled: DecoderModel | None = None
         self._compiled_members: list[CompiledDecoder] = []
+        self._workers: tuple[int, int] = (1, 0)  # (processes, threads each) asked for
+        self._pool: tuple[Any, SearchWorkers] | None = None  # (its shortlist, the workers)
         if compile:
             self.use_compiled()
 
@@ -168,6 +174,40 @@ class DecodingEngine:
         self.compiled_decoder()
         warm = all(m.packages.path(per_source, self.device).is_file() for m in self._compiled_members)
         return compile_pays(lines, parameters, self.device, warm=warm)
+
+    # ------------------------------------------------------------ worker processes
+
+    def use_workers(self, workers: int, threads: int = 1) -> None:
+        """Search the batches of each later request in ``workers`` processes of ``threads``
+        torch threads each (:mod:`aiayn.inference.workers`); 1: in this process. Workers run
+        the eager steps: a compiled decoder, a request with a grammar (the parser's) or a
+        decoder given to :meth:`search_batches` searches here."""
+        if self._pool is not None and self._workers != (workers, threads):
+            self._pool[1].close()
+            self._pool = None
+        self._workers = (workers, threads)
+
+    def _worker_pool(self, shortlist: Any) -> SearchWorkers:
+        if self._pool is not None and self._pool[0] is not shortlist:
+            self._pool[1].close()
+            self._pool = None
+        if self._pool is None:  # forked now: the workers hold the engine and shortlist as they are
+            def search(batch: list[EncodedSentence], request: TranslationRequest) -> list[list[SearchHypothesis]]:
+                return self.search(batch, request, shortlist)
+
+            self._pool = (shortlist, SearchWorkers(search, *self._workers))
+        return self._pool[1]
+
+    def search_batches(self, batches: Iterable[list[EncodedSentence]], request: TranslationRequest,
+                       shortlist: Any = None, decoder: DecoderModel | None = None,
+                       ) -> Iterator[tuple[list[EncodedSentence], list[list[SearchHypothesis]]]]:
+        """Each batch with its hypotheses (:meth:`search`), in order: in the worker processes
+        of :meth:`use_workers` where they apply, else here one batch after another."""
+        if self._workers[0] > 1 and decoder is None and not self.compiled and request.grammar is None:
+            yield from self._worker_pool(shortlist).map(batches, request)
+            return
+        for batch in batches:
+            yield batch, self.search(batch, request, shortlist, decoder)
 
     # ----------------------------------------------------------------- searching
 

@@ -139,9 +139,9 @@ class Translator:
             results[i].hypotheses = [Hypothesis.empty()]
         if request.progress is not None and len(sentences) < len(results):
             request.progress(len(results) - len(sentences))
-        shortlist = getattr(self.tokenizer, "shortlist", None)
-        for batch in batches(sentences, request.decode.batch_tokens):
-            for sentence, hyps in zip(batch, self.engine.search(batch, request, shortlist, decoder)):
+        todo, shortlist = batches(sentences, request.decode.batch_tokens), getattr(self.tokenizer, "shortlist", None)
+        for batch, found in self.engine.search_batches(todo, request, shortlist, decoder):
+            for sentence, hyps in zip(batch, found):
                 results[sentence.index].src_tokens = sentence.source
                 results[sentence.index].hypotheses = [
                     Hypothesis.from_search(self.tokenizer, sentence.source, h, request.attention_summary) for h in hyps]

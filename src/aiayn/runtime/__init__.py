@@ -1,7 +1,7 @@
 """What the process runs on and how: one module per concern, each name re-exported here.
 
-- :mod:`~aiayn.runtime.process`: the memory allocator, torch's CPU threads, a passing thread
-  for set-up work, a quick exit
+- :mod:`~aiayn.runtime.process`: the memory allocator, torch's CPU threads, decoding worker
+  processes, a passing thread for set-up work, a quick exit
 - :mod:`~aiayn.runtime.cpu`: the CPU's instruction-set flags and kind, what it runs natively
 - :mod:`~aiayn.runtime.devices`: the device a ``--device`` name means, what a CUDA GPU runs natively
 - :mod:`~aiayn.runtime.precision`: precision names and the choice ``auto`` makes per device
@@ -37,11 +37,21 @@ from aiayn.runtime.precision import (
     resolve_train_dtype,
     torch_dtype,
 )
-from aiayn.runtime.process import THREADS_ENV, exit_now, num_threads, on_a_passing_thread, set_threads, tune_allocator
+from aiayn.runtime.process import (
+    MIN_LINES_PER_WORKER,
+    THREADS_ENV,
+    decode_workers,
+    exit_now,
+    num_threads,
+    on_a_passing_thread,
+    set_threads,
+    tune_allocator,
+)
 
 __all__ = [
     # process
-    "THREADS_ENV", "exit_now", "num_threads", "on_a_passing_thread", "set_threads", "tune_allocator",
+    "MIN_LINES_PER_WORKER", "THREADS_ENV", "decode_workers", "exit_now", "num_threads", "on_a_passing_thread",
+    "set_threads", "tune_allocator",
     # cpu
     "CPUINFO", "CPU_KINDS", "ISA_NARROWING_ENV", "ONEDNN_ISA_ENV", "cpu_flags", "cpu_kind", "cpu_native_bf16",
     "narrowed_flags", "onednn_int8",

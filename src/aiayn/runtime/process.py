@@ -1,5 +1,6 @@
 """Process-wide settings, applied by the `aiayn` command: the memory allocator, torch's CPU
-threads, a thread for set-up work, and a quick exit.
+threads and how many decoding worker processes share them, a thread for set-up work, and a
+quick exit.
 
 Memory allocator. With glibc's defaults every allocation above a threshold (at most 32 MB)
 is served by a fresh ``mmap`` and returned with ``munmap`` when freed. A training step
@@ -87,6 +88,32 @@ def set_threads(requested: int | None = None, field: str = "--threads") -> int:
 
         torch.set_num_threads(threads)
     return threads
+
+
+# A decode runs its batches in worker processes only where each worker gets this many lines:
+# below it the processes' start and hand-offs are not won back.
+MIN_LINES_PER_WORKER = 64
+
+
+def decode_workers(requested: str, device_type: str, threads: int, lines: int | None) -> tuple[int, int]:
+    """(worker processes, torch threads each) for decoding ``lines`` lines (None: a stream)
+    with ``threads`` threads on a ``device_type`` device. ``requested``: a number, or ``auto``:
+    one single-threaded worker per thread on a CPU, for a file of at least
+    :data:`MIN_LINES_PER_WORKER` lines per worker; else (a GPU, a stream, one thread, few
+    lines) one, which decodes in the process itself. A number splits the threads among the
+    workers (at least one each)."""
+    if requested != "auto":
+        try:
+            workers = int(requested)
+        except ValueError:
+            raise ConfigError(f"--workers {requested!r}: give auto or a whole number of processes") from None
+        if workers < 1:
+            raise ConfigError(f"--workers {workers}: at least 1 (1 decodes in this process)")
+        return workers, max(1, threads // workers)
+    if device_type != "cpu" or lines is None or threads < 2:
+        return 1, threads
+    workers = min(threads, lines // MIN_LINES_PER_WORKER)
+    return (workers, 1) if workers >= 2 else (1, threads)
 
 
 def on_a_passing_thread(work: Callable[[], T]) -> T:
