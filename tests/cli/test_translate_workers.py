@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.tiny_world import WORDS, sentences
 
 from aiayn.errors import ConfigError
 from aiayn.runtime.process import MIN_LINES_PER_WORKER, decode_workers
-from tests.tiny_world import WORDS, sentences
 
 
 @pytest.mark.parametrize(("requested", "device", "threads", "lines", "expected"), [
