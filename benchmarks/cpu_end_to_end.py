@@ -14,7 +14,8 @@ For each line count N (``--lines``; the input cycled to N lines):
   (a server's start, a large file) finds; with ``--quick`` it passes ``--compile on`` (a tiny
   model never wins the warm-up back under auto), so that the smoke check runs the compiled
   step. Each aiayn row says whether a compiled step ran in its runs (the translator rewrote
-  its marker in the compile cache) and the SHA-256 of its output.
+  its marker in the compile cache), how many decoding worker processes ``--workers auto``
+  started (1: none) and the SHA-256 of its output.
 - CTranslate2 on the same weights (``aiayn export ctranslate2``, float32), in a fresh Python
   process that imports ctranslate2 and sentencepiece, reads the file, encodes it with the
   export's SentencePiece model, runs ``Translator.translate_batch``, decodes and writes:
@@ -341,10 +342,12 @@ def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path,
     if proc.returncode != 0:
         raise SystemExit(f"aiayn translate failed ({proc.returncode}):\n{text[-3000:]}")
     dtype = re.search(r"dtype auto -> (\S+)", text)
+    workers = re.search(r"workers auto -> (\d+) processes", text)
     done = re.search(r"translated (\d+) lines in ([\d.]+)s", text)
     last = last if last is not None else seconds
     return {"seconds": seconds, "first_output_s": first if first is not None else last, "last_output_s": last,
             "dtype": dtype.group(1) if dtype else None, "compiled": compiled_ran(text, compile_on),
+            "workers": int(workers.group(1)) if workers else 1,
             "compile": "on" if compile_on else "auto", "translate_s": float(done.group(2)) if done else None,
             "output_lines": count_lines(out), "output_sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
 
@@ -386,7 +389,7 @@ def _row(system: str, variant: str, n: int, runs: list[dict[str, Any]]) -> dict[
         values = [r[key] for r in runs if r.get(key) is not None]
         if values:
             row[f"median_{key}"] = statistics.median(values)
-    for key in ("dtype", "compile", "compute_type", "output_sha256"):
+    for key in ("dtype", "compile", "workers", "compute_type", "output_sha256"):
         if key in runs[-1]:
             row[key] = runs[-1][key]
     if "compiled" in runs[-1]:

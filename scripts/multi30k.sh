@@ -24,7 +24,7 @@
 # start warm instead of decoding eagerly.
 #
 # Before training, `aiayn choose-recipe` times a few updates of the config on each member's
-# threads and picks the variant of VARIANTS (default configs/multi30k_variants.yaml) that fits
+# threads and picks the variant of VARIANTS (default configs/variants/multi30k.yaml) that fits
 # the updates this machine makes in train.max_time_minutes: the config as written where the CPU
 # has bf16 units, a lighter model and schedule where it trains in fp32 (docs/results.md). The
 # choice and its reason print here and land in RUN/recipe.json; a run bounded by
@@ -55,7 +55,7 @@ SEED_GIVEN=()
 [ -z "${SEED:-}" ] || SEED_GIVEN=("train.seed=$SEED")
 SEED=${SEED:-1}
 [[ "$SEED" =~ ^[0-9]+$ ]] || { echo "multi30k.sh: SEED=$SEED: give a whole number, the first member's seed" >&2; exit 2; }
-VARIANTS=${VARIANTS:-configs/multi30k_variants.yaml}
+VARIANTS=${VARIANTS:-configs/variants/multi30k.yaml}
 [ "$VARIANTS" = none ] || [ -f "$VARIANTS" ] || { echo "multi30k.sh: VARIANTS=$VARIANTS: no such file (or none)" >&2; exit 2; }
 COMPILE=${COMPILE:-on}
 [[ "$COMPILE" =~ ^(on|off|auto)$ ]] || { echo "multi30k.sh: COMPILE=$COMPILE: give on, off or auto" >&2; exit 2; }

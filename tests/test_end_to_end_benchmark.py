@@ -83,6 +83,8 @@ def test_the_compiled_step_ran_and_wrote_what_the_eager_step_wrote(report: dict,
     built = aiayn["the model's compiled step on disk"]
     assert (first["compile"], first["compiled"]) == (second["compile"], second["compiled"]) == ("auto", False)
     assert (built["compile"], built["compiled"]) == ("on", True)
+    # Quick mode's 10 and 40 lines are below auto's worker threshold; a compiled step never forks.
+    assert first["workers"] == second["workers"] == built["workers"] == 1
     assert first["dtype"] == second["dtype"] == built["dtype"]
     assert first["output_sha256"] == second["output_sha256"] == built["output_sha256"]
 

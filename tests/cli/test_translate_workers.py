@@ -9,7 +9,7 @@ import pytest
 from tests.tiny_world import WORDS, sentences
 
 from aiayn.errors import ConfigError
-from aiayn.runtime.process import MIN_LINES_PER_WORKER, decode_workers
+from aiayn.runtime.process import MAX_AUTO_WORKERS, MIN_LINES_PER_WORKER, decode_workers
 
 
 @pytest.mark.parametrize(("requested", "device", "threads", "lines", "expected"), [
@@ -17,6 +17,8 @@ from aiayn.runtime.process import MIN_LINES_PER_WORKER, decode_workers
     ("auto", "cpu", 2, 2 * MIN_LINES_PER_WORKER - 1, (1, 2)),   # one line short: in this process
     ("auto", "cpu", 4, 3 * MIN_LINES_PER_WORKER, (3, 1)),       # as many workers as the lines feed
     ("auto", "cpu", 4, 10**6, (4, 1)),
+    ("auto", "cpu", 64, 10**6, (MAX_AUTO_WORKERS, 64 // MAX_AUTO_WORKERS)),  # many cores: threads shared
+    ("auto", "cpu", 20, 10**6, (8, 2)),
     ("auto", "cpu", 1, 10**6, (1, 1)),                          # one thread: nothing to share
     ("auto", "cpu", 2, None, (1, 2)),                           # a stream
     ("auto", "cuda", 8, 10**6, (1, 8)),                         # a GPU decodes in this process

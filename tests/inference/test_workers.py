@@ -160,3 +160,36 @@ def test_a_worker_that_dies_is_one_error(translators, english: list[str], monkey
 def test_fewer_than_two_workers_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="2 or more"):
         W.SearchWorkers(lambda b, r: [], 1)
+
+
+ORPHAN = """
+import os, sys
+from aiayn.inference.translator import Translator
+translator = Translator.from_checkpoint(sys.argv[1], dtype="fp32")
+translator.engine.use_workers(2)
+translator.translate(["a man is riding a red bike", "two dogs"] * 4, batch_tokens=16)
+print(" ".join(str(p.pid) for p in translator.engine._pool[1]._processes), flush=True)
+os._exit(0)  # no clean-up: as a killed parent
+"""
+
+
+def test_workers_end_with_a_parent_that_exits_without_clean_up(tiny_checkpoint: Path, monkeypatch) -> None:
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.run([sys.executable, "-c", ORPHAN, str(tiny_checkpoint)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) == 2
+    def running(pid: int) -> bool:  # an ended process not yet reaped (a zombie) has ended
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    deadline = time.monotonic() + 30  # each notices within PARENT_CHECK_S; the margin is for a busy machine
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(running(pid) for pid in pids)

@@ -50,7 +50,7 @@ def _rate(updates_per_s: float) -> Callable[[Config], UpdateRate]:
 
 
 def test_the_shipped_variants_apply_to_both_multi30k_configs() -> None:
-    variants = load_variants(ROOT / "configs" / "multi30k_variants.yaml")
+    variants = load_variants(ROOT / "configs" / "variants" / "multi30k.yaml")
     assert [v.min_updates for v in variants] == sorted((v.min_updates for v in variants), reverse=True)
     assert variants[0].overrides == () and variants[-1].min_updates == 0
     for name in ("multi30k_en_de.yaml", "multi30k_de_en.yaml"):

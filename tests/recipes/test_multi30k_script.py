@@ -124,7 +124,7 @@ def test_the_chosen_variant_comes_before_the_callers_overrides_and_is_kept(tmp_p
     assert proc.returncode == 0, proc.stderr
     run, prep, config = tmp_path / "run", tmp_path / "data-bin", "configs/multi30k_en_de.yaml"
     [choose] = _calls(tmp_path, "choose-recipe")
-    assert choose.startswith(f"threads=2 choose-recipe --config {config} --variants configs/multi30k_variants.yaml "
+    assert choose.startswith(f"threads=2 choose-recipe --config {config} --variants configs/variants/multi30k.yaml "
                              f"data.prepared_dir={prep} train.warmup_steps=300 --json ")
     assert sorted(_calls(tmp_path, "train")) == [
         f"threads=2 train --config {config} --run-dir {run}/member{k} data.prepared_dir={prep} model.d_ff=512 "

@@ -12,7 +12,7 @@ from aiayn.cli import options
 
 EPILOG = """\
 examples
-  aiayn choose-recipe --config configs/multi30k_en_de.yaml --variants configs/multi30k_variants.yaml \\
+  aiayn choose-recipe --config configs/multi30k_en_de.yaml --variants configs/variants/multi30k.yaml \\
       --threads 1 data.prepared_dir=data-bin/multi30k.en-de
   aiayn choose-recipe ... --json runs/multi30k.en-de/recipe.json
 
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE", required=True, help="experiment YAML (configs/*.yaml)")
     p.add_argument("--variants", metavar="FILE", required=True,
-                   help="YAML list of variants: name, min_updates, overrides (configs/multi30k_variants.yaml)")
+                   help="YAML list of variants: name, min_updates, overrides (configs/variants/multi30k.yaml)")
     p.add_argument("--json", metavar="FILE", help="also write the choice, its measurement and reason as JSON")
     p.add_argument("--previous", metavar="FILE",
                    help="a --json file of an earlier choice: its variant again, unmeasured (a resumed run)")

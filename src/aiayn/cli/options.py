@@ -128,7 +128,7 @@ def add_workers(container: Container) -> None:
     """``--workers auto|N``: decoding worker processes (:func:`aiayn.runtime.process.decode_workers`)."""
     container.add_argument("--workers", default="auto", metavar="N",
                            help="processes that decode batches side by side, sharing --threads (default auto: "
-                                "one single-threaded worker per thread on a CPU for a file of 64+ lines per "
+                                "one worker per thread, at most 8, on a CPU for a file of 64+ lines per "
                                 "worker decoded eagerly; 1 decodes in this process, as a GPU, a stream or a "
                                 "compiled step always does)")
 

@@ -29,11 +29,13 @@ log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 1.0  # how often an idle worker looks whether its parent is still there
 
+
 def _portable_request(request: TranslationRequest) -> TranslationRequest:
     """What a search reads of ``request`` (its options): the texts, callables and progress stay
     with the parent."""
     return dataclasses.replace(request, texts=(), prefixes=None, constraints=None, progress=None, sources=None,
                                attention_summary=None)
+
 
 Search = Callable[[list[EncodedSentence], TranslationRequest], list[Any]]
 
@@ -45,12 +47,10 @@ def _serve(search: Search, tasks: Any, results: Any, current: Any, threads: int,
     import torch
 
     torch.set_num_threads(threads)
-    while True:
+    while os.getppid() == parent:  # an orphan stops: before its next batch, or within PARENT_CHECK_S idle
         try:
             task = tasks.get(timeout=PARENT_CHECK_S)
         except queue.Empty:
-            if os.getppid() != parent:
-                return
             continue
         if task is None:
             return

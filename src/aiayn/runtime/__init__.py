@@ -38,6 +38,7 @@ from aiayn.runtime.precision import (
     torch_dtype,
 )
 from aiayn.runtime.process import (
+    MAX_AUTO_WORKERS,
     MIN_LINES_PER_WORKER,
     THREADS_ENV,
     decode_workers,
@@ -50,8 +51,8 @@ from aiayn.runtime.process import (
 
 __all__ = [
     # process
-    "MIN_LINES_PER_WORKER", "THREADS_ENV", "decode_workers", "exit_now", "num_threads", "on_a_passing_thread",
-    "set_threads", "tune_allocator",
+    "MAX_AUTO_WORKERS", "MIN_LINES_PER_WORKER", "THREADS_ENV", "decode_workers", "exit_now", "num_threads",
+    "on_a_passing_thread", "set_threads", "tune_allocator",
     # cpu
     "CPUINFO", "CPU_KINDS", "ISA_NARROWING_ENV", "ONEDNN_ISA_ENV", "cpu_flags", "cpu_kind", "cpu_native_bf16",
     "narrowed_flags", "onednn_int8",

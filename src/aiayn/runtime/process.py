@@ -93,15 +93,18 @@ def set_threads(requested: int | None = None, field: str = "--threads") -> int:
 # A decode runs its batches in worker processes only where each worker gets this many lines:
 # below it the processes' start and hand-offs are not won back.
 MIN_LINES_PER_WORKER = 64
+# Each worker holds its own search state (caches, scores) for a batch: auto starts no more than
+# this many, sharing the threads among them.
+MAX_AUTO_WORKERS = 8
 
 
 def decode_workers(requested: str, device_type: str, threads: int, lines: int | None) -> tuple[int, int]:
     """(worker processes, torch threads each) for decoding ``lines`` lines (None: a stream)
     with ``threads`` threads on a ``device_type`` device. ``requested``: a number, or ``auto``:
-    one single-threaded worker per thread on a CPU, for a file of at least
-    :data:`MIN_LINES_PER_WORKER` lines per worker; else (a GPU, a stream, one thread, few
-    lines) one, which decodes in the process itself. A number splits the threads among the
-    workers (at least one each)."""
+    on a CPU, one worker per thread (at most :data:`MAX_AUTO_WORKERS`, the threads shared
+    among them) for a file of at least :data:`MIN_LINES_PER_WORKER` lines per worker; else (a
+    GPU, a stream, one thread, few lines) one, which decodes in the process itself. A number
+    splits the threads among the workers (at least one each)."""
     if requested != "auto":
         try:
             workers = int(requested)
@@ -112,8 +115,8 @@ def decode_workers(requested: str, device_type: str, threads: int, lines: int | 
         return workers, max(1, threads // workers)
     if device_type != "cpu" or lines is None or threads < 2:
         return 1, threads
-    workers = min(threads, lines // MIN_LINES_PER_WORKER)
-    return (workers, 1) if workers >= 2 else (1, threads)
+    workers = min(threads, MAX_AUTO_WORKERS, lines // MIN_LINES_PER_WORKER)
+    return (workers, threads // workers) if workers >= 2 else (1, threads)
 
 
 def on_a_passing_thread(work: Callable[[], T]) -> T:
