@@ -73,7 +73,8 @@ PER=$(( THREADS / MEMBERS > 0 ? THREADS / MEMBERS : 1 ))
 # The variant for this machine: its overrides come before the caller's, which win.
 FIT=()
 CHOICE=$(mktemp)
-trap 'rm -f "$CHOICE" "$CHOICE.json"' EXIT
+forget_choice() { rm -f "$CHOICE" "$CHOICE.json"; }
+trap forget_choice EXIT
 if [ "$VARIANTS" != none ]; then
     echo "== choose the recipe ($VARIANTS, $PER thread(s) per member)"
     PREVIOUS=()  # a run that resumes keeps the variant it started with
@@ -96,7 +97,7 @@ else
     mkdir -p "$RUN"
     keep_choice
     # An interrupted or failed run stops every member.
-    trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$CHOICE" "$CHOICE.json"' EXIT
+    trap 'kill $(jobs -p) 2>/dev/null || true; forget_choice' EXIT
     trap 'exit 130' INT TERM
     for k in $(seq 1 "$MEMBERS"); do
         log="$RUN/member$k.log"
@@ -116,7 +117,7 @@ else
              "member K to $RUN/memberK.log" >&2
         exit "$status"
     done
-    trap 'rm -f "$CHOICE" "$CHOICE.json"' EXIT
+    trap forget_choice EXIT
 fi
 
 CHECKPOINTS=()

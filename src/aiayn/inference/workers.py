@@ -64,7 +64,10 @@ def _serve(search: Search, tasks: Any, results: Any, current: Any, threads: int,
 
 
 def _portable(exc: Exception) -> Exception:
-    """``exc`` if it survives pickling, else a RuntimeError with its text."""
+    """``exc`` if it survives the pickling the result queue applies to it (the processes
+    exchange objects only through the queue; nothing is written), else a RuntimeError with
+    its text: an exception the queue's feeder thread could not send would leave the parent
+    waiting for its batch."""
     import pickle
 
     try:

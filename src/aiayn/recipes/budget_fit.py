@@ -158,23 +158,18 @@ def measure_update_rate(cfg: Config, updates: int = PROBE_UPDATES, warmup: int =
                         clock: Callable[[], float] = time.perf_counter) -> UpdateRate:
     """Updates per second of ``cfg`` trained as its run would be (its batches, model,
     precision and this process's threads), from ``updates`` timed updates after ``warmup``."""
-    from aiayn.data.batching import BatchIterator
-    from aiayn.data.prepare import load_split, load_tokenizer
-    from aiayn.data.sampling import training_pairs
     from aiayn.model import build_model
-    from aiayn.recipes.train import match_vocab, seed_everything
+    from aiayn.recipes.train import build_data, match_vocab, seed_everything
     from aiayn.runtime.devices import resolve_device
+    from aiayn.training.distributed import DistInfo
     from aiayn.training.trainer import Trainer
 
     if not cfg.data.prepared_dir:
         raise ConfigError("data.prepared_dir: the probe trains on prepared data (run `aiayn prepare` first)")
     seed_everything(cfg.train.seed)
-    prepared = Path(cfg.data.prepared_dir)
-    tokenizer = load_tokenizer(prepared)
-    cfg = match_vocab(cfg, tokenizer)
-    pairs = training_pairs(load_split(prepared, "train"), tokenizer, cfg)
-    batches = iter(BatchIterator(pairs, cfg.train.max_tokens, seed=cfg.train.seed, shuffle=True,
-                                 mode=cfg.train.max_tokens_mode))
+    data = build_data(cfg, Path(cfg.data.prepared_dir), DistInfo())  # the run's own batches
+    cfg = match_vocab(cfg, data.tokenizer)
+    batches = iter(data.train)
     trainer = Trainer(cfg, build_model(cfg.model), device=resolve_device(cfg.train.device, field="train.device"))
     for _ in range(warmup):
         trainer.train_step([next(batches)])
