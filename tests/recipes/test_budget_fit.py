@@ -96,6 +96,17 @@ def test_an_override_the_config_refuses_names_its_variant() -> None:
     check_variants(_timed(), VARIANTS, "v.yaml")
 
 
+def test_the_callers_overrides_are_checked_after_each_variants() -> None:
+    """A short run's own schedule wins over a variant's, as in training: the light variant's
+    warmup of 200 would refuse a 12-update cosine run, the caller's warmup of 4 does not."""
+    short = ["train.max_time_minutes=0", "train.max_steps=12", "train.warmup_steps=4", "train.lr_schedule=cosine"]
+    cfg = apply_overrides(Config(), short)
+    light = [RecipeVariant("light", 0, ("train.warmup_steps=200",))]
+    with pytest.raises(ConfigError, match=r"^v\.yaml: variants\[0\] \(light\): train\.lr_schedule: cosine"):
+        check_variants(cfg, light, "v.yaml")
+    check_variants(cfg, light, "v.yaml", short)
+
+
 # ------------------------------------------------------------------ the choice
 
 
@@ -240,3 +251,14 @@ def test_the_command_refuses_a_bad_variants_file_in_one_line(tmp_path: Path) -> 
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [
         f"aiayn choose-recipe: error: {variants}: variants[0] (a): model.nope: unknown field"]
+
+
+def test_a_short_run_of_the_shipped_recipe_keeps_its_own_schedule() -> None:
+    """The tiny runs the recipe tests make (12 updates, warmup 4) pass the light variant's check:
+    the caller's overrides win over a variant's, as they do in training."""
+    short = ("train.max_time_minutes=0", "train.max_steps=12", "train.warmup_steps=4")
+    proc = _choose("--config", "configs/multi30k_en_de.yaml", "--variants", "configs/variants/multi30k.yaml", *short)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""  # "as written": no overrides
+    assert proc.stderr.splitlines() == [
+        f"recipe: as written (train.max_steps bounds the run (not time): the recipe's first variant; {cpu_kind()})"]

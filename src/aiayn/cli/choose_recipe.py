@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, list(args.overrides))
     variants = load_variants(args.variants)
-    check_variants(cfg, variants, args.variants)
+    check_variants(cfg, variants, args.variants, args.overrides)
     if args.json:
         fileio.check_not_input(args.json, [args.config, args.variants, cfg.data.prepared_dir], "--json")
     if args.previous:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,12 +108,13 @@ def _variant(entry: Any, where: str) -> RecipeVariant:
     return RecipeVariant(name.strip(), min_updates, tuple(overrides))
 
 
-def check_variants(cfg: Config, variants: list[RecipeVariant], where: str) -> None:
-    """Every variant's overrides applied to ``cfg`` give a valid config (checked before any
-    probe or training starts)."""
+def check_variants(cfg: Config, variants: list[RecipeVariant], where: str,
+                   caller_overrides: Sequence[str] = ()) -> None:
+    """Every variant's overrides applied to ``cfg``, then the caller's (which win, as in
+    training), give a valid config (checked before any probe or training starts)."""
     for i, variant in enumerate(variants):
         try:
-            apply_overrides(cfg, list(variant.overrides))
+            apply_overrides(cfg, [*variant.overrides, *caller_overrides])
         except ConfigError as exc:
             raise ConfigError(f"{where}: variants[{i}] ({variant.name}): {exc}") from None
 
