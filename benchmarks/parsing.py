@@ -8,7 +8,8 @@ the prepared split's gold trees:
   scored labelled and unlabelled (COLLINS.prm with ``LABELED 0``);
 - with ``--checkpoint``: the model greedy (beam 1) and with the paper's beam 21, each free
   (malformed outputs repaired) and constrained (:class:`~aiayn.inference.tree_grammar.TreeGrammar`),
-  with the decoding time;
+  with the decoding time; with ``--ensemble``, the ensemble of the checkpoints, and each
+  of them alone at beam 21, constrained;
 - ``--runs N``: the cost of the constraint at beam 21 on the first split, timed N times with
   the modes alternated (medians): the free search, the same search with the constraint's
   whole per-step work done but not applied (the same hypotheses, so the difference is the
@@ -17,6 +18,8 @@ the prepared split's gold trees:
 
     python benchmarks/parsing.py --prepared data-bin/ptb_parsing [--checkpoint RUN/averaged]
         [--splits valid test] [--runs 3] [--threads 2] [--json [FILE]]
+    python benchmarks/parsing.py --prepared data-bin/ptb_parsing \
+        --checkpoint RUN/member1/averaged RUN/member2/averaged --ensemble --json
 
 ``--json`` alone writes benchmarks/results/parsing.json.
 """
@@ -60,14 +63,16 @@ def baseline_rows(prepared: Path, splits: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def model_rows(parser: Parser, prepared: Path, splits: list[str]) -> list[dict[str, Any]]:
+def model_rows(parser: Parser, prepared: Path, splits: list[str], name: str = "model",
+               settings: tuple[tuple[int, bool], ...] = ((1, False), (1, True), (21, False), (21, True)),
+               ) -> list[dict[str, Any]]:
+    """A row per (beam, constrained) of ``settings``: the parser's scores on each split."""
     rows = []
-    for beam in (1, 21):
-        for constrained in (False, True):
-            row: dict[str, Any] = {"system": f"model, beam {beam}, {'constrained' if constrained else 'free'}"}
-            for split in splits:
-                row[split], _ = parse_prepared_split(parser, prepared, split, beam=beam, constrained=constrained)
-            rows.append(row)
+    for beam, constrained in settings:
+        row: dict[str, Any] = {"system": f"{name}, beam {beam}, {'constrained' if constrained else 'free'}"}
+        for split in splits:
+            row[split], _ = parse_prepared_split(parser, prepared, split, beam=beam, constrained=constrained)
+        rows.append(row)
     return rows
 
 
@@ -143,6 +148,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prepared", type=Path, required=True, help="written by `aiayn prepare --task parsing`")
     ap.add_argument("--checkpoint", nargs="+", help="a trained parsing checkpoint (several: averaged)")
+    ap.add_argument("--ensemble", action="store_true",
+                    help="several --checkpoint: their ensemble (and each alone at beam 21, constrained)")
     ap.add_argument("--splits", nargs="+", default=["valid", "test"])
     ap.add_argument("--runs", type=int, default=0, help="time the constraint's cost this many times (0: no)")
     ap.add_argument("--threads", type=int, default=2)
@@ -153,8 +160,12 @@ def main() -> None:
     rows = baseline_rows(args.prepared, args.splits)
     cost = None
     if args.checkpoint:
-        parser = Parser.from_checkpoint(args.checkpoint)
-        rows += model_rows(parser, args.prepared, args.splits)
+        ensemble = args.ensemble and len(args.checkpoint) > 1
+        parser = Parser.from_checkpoint(args.checkpoint, ensemble=ensemble)
+        rows += model_rows(parser, args.prepared, args.splits, name="ensemble" if ensemble else "model")
+        for k, path in enumerate(args.checkpoint if ensemble else [], start=1):
+            rows += model_rows(Parser.from_checkpoint(path), args.prepared, args.splits, name=f"member {k} alone",
+                               settings=((21, True),))
         if args.runs:
             cost = constraint_cost(parser, args.prepared, args.splits[0], args.runs)
     _print_table(rows, args.splits)

@@ -48,13 +48,12 @@ DATA_ARGS=()
 [ -z "$DATA_DIR" ] || DATA_ARGS=(--data-dir "$DATA_DIR")
 PREPARED=${PREPARED:-data-bin/multi30k.${SRC}-${TGT}}
 RUN=${RUN:-runs/multi30k.${SRC}-${TGT}}
-AVERAGE=${AVERAGE:-5}
-MEMBERS=${MEMBERS:-2}
-[[ "$MEMBERS" =~ ^[1-9][0-9]*$ ]] || { echo "multi30k.sh: MEMBERS=$MEMBERS: give a whole number of models, 1 or more" >&2; exit 2; }
-SEED_GIVEN=()
-[ -z "${SEED:-}" ] || SEED_GIVEN=("train.seed=$SEED")
-SEED=${SEED:-1}
-[[ "$SEED" =~ ^[0-9]+$ ]] || { echo "multi30k.sh: SEED=$SEED: give a whole number, the first member's seed" >&2; exit 2; }
+SCRIPT=multi30k.sh
+CHOICE=$(mktemp)
+on_exit() { rm -f "$CHOICE" "$CHOICE.json"; }
+on_run_dir() { [ ! -f "$CHOICE.json" ] || cp "$CHOICE.json" "$RUN/recipe.json"; }  # the choice, kept
+# MEMBERS, SEED, AVERAGE, PER (threads per member), train_members, average_members.
+source scripts/members.sh
 VARIANTS=${VARIANTS:-configs/variants/multi30k.yaml}
 [ "$VARIANTS" = none ] || [ -f "$VARIANTS" ] || { echo "multi30k.sh: VARIANTS=$VARIANTS: no such file (or none)" >&2; exit 2; }
 COMPILE=${COMPILE:-on}
@@ -65,16 +64,8 @@ AIAYN=${AIAYN:-.venv/bin/aiayn}
 echo "== prepare $SRC -> $TGT ($CONFIG, ${DATA_DIR:+mirror }${DATA_DIR:-downloaded corpus})"
 $AIAYN prepare --config "$CONFIG" "${DATA_ARGS[@]}" --out "$PREPARED"
 
-# A member's run directory: RUN itself for one model, RUN/memberK for several.
-member_dir() { if [ "$MEMBERS" = 1 ]; then echo "$RUN"; else echo "$RUN/member$1"; fi; }
-THREADS=${AIAYN_NUM_THREADS:-$(nproc)}
-PER=$(( THREADS / MEMBERS > 0 ? THREADS / MEMBERS : 1 ))
-
 # The variant for this machine: its overrides come before the caller's, which win.
 FIT=()
-CHOICE=$(mktemp)
-forget_choice() { rm -f "$CHOICE" "$CHOICE.json"; }
-trap forget_choice EXIT
 if [ "$VARIANTS" != none ]; then
     echo "== choose the recipe ($VARIANTS, $PER thread(s) per member)"
     PREVIOUS=()  # a run that resumes keeps the variant it started with
@@ -83,51 +74,8 @@ if [ "$VARIANTS" != none ]; then
         "data.prepared_dir=$PREPARED" "$@" --json "$CHOICE.json" > "$CHOICE"
     mapfile -t FIT < "$CHOICE"
 fi
-# Written once the run directory is the run's (an empty RUN is refused as not a run before that).
-keep_choice() { [ ! -f "$CHOICE.json" ] || cp "$CHOICE.json" "$RUN/recipe.json"; }
-
-if [ "$MEMBERS" = 1 ]; then
-    echo "== train ($RUN)"
-    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "${FIT[@]}" "$@" "${SEED_GIVEN[@]}"
-    keep_choice
-else
-    # A mistake in the overrides: one message and exit 2 here, before any member starts.
-    $AIAYN train --config "$CONFIG" --run-dir "$RUN" "data.prepared_dir=$PREPARED" "${FIT[@]}" "$@" \
-        --print-config > /dev/null
-    mkdir -p "$RUN"
-    keep_choice
-    # An interrupted or failed run stops every member.
-    trap 'kill $(jobs -p) 2>/dev/null || true; forget_choice' EXIT
-    trap 'exit 130' INT TERM
-    for k in $(seq 1 "$MEMBERS"); do
-        log="$RUN/member$k.log"
-        [ "$k" = 1 ] && log="this terminal"
-        seed=$(( SEED + k - 1 ))
-        echo "== train member $k of $MEMBERS ($(member_dir "$k"), $PER threads, train.seed=$seed; output: $log)"
-        (
-            [ "$k" = 1 ] || exec > "$log" 2>&1
-            AIAYN_NUM_THREADS=$PER exec $AIAYN train --config "$CONFIG" --run-dir "$(member_dir "$k")" \
-                "data.prepared_dir=$PREPARED" "${FIT[@]}" "$@" "train.seed=$seed"
-        ) &
-    done
-    for _ in $(seq 1 "$MEMBERS"); do
-        wait -n && continue
-        status=$?
-        echo "multi30k.sh: a member's training failed (exit $status): member 1 writes above," \
-             "member K to $RUN/memberK.log" >&2
-        exit "$status"
-    done
-    trap forget_choice EXIT
-fi
-
-CHECKPOINTS=()
-for k in $(seq 1 "$MEMBERS"); do
-    echo "== average the last $AVERAGE checkpoints of $(member_dir "$k")"
-    $AIAYN average "$(member_dir "$k")" --last "$AVERAGE" --out "$(member_dir "$k")/averaged"
-    CHECKPOINTS+=("$(member_dir "$k")/averaged")
-done
-ENSEMBLE=()
-[ "$MEMBERS" = 1 ] || ENSEMBLE=(--ensemble)
+train_members "${FIT[@]}" "$@"
+average_members
 
 echo "== translate test_2016_flickr (${#CHECKPOINTS[@]} model(s); the decode section of $CONFIG)"
 $AIAYN translate --checkpoint "${CHECKPOINTS[@]}" "${ENSEMBLE[@]}" --input "$PREPARED/test.src.txt" \

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.config import Config, DecodeConfig, model_preset
-from aiayn.data.trees import linearize, parse_tree, tree_to_string
+from aiayn.data.trees import tree_to_string
 from aiayn.inference.parser import Parser
 from aiayn.inference.translator import Translator
 from aiayn.runtime.devices import cuda_native_bf16
@@ -91,33 +90,6 @@ def test_aoti_packages_refuse_cuda_and_decode_eagerly_with_a_warning(tiny_checkp
         assert packaged.translate(texts) == eager.translate(texts)
     assert decoder.compiled is None and decoder.packages.built == []
     assert sum("built for the CPU only" in r.getMessage() for r in caplog.records) == 1
-
-
-GOLD = [
-    "(S (NP (DT The) (NN cat)) (VP (VBD sat) (PP (IN on) (NP (DT the) (NN mat)))) (. .))",
-    "(NP (NP (DT a) (NN man)) (PP (IN with) (NP (DT a) (NN dog))))",
-]
-
-
-@pytest.fixture(scope="module")
-def parsing_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Random weights over separate vocabularies: BPE over words, one piece per tree symbol
-    (as test_parsing_decode.py's)."""
-    from aiayn.checkpoint.directory import save_checkpoint
-    from aiayn.model import build_model
-    from aiayn.text.tokenizer import train_tokenizer
-
-    trees = [parse_tree(t) for t in GOLD]
-    root = tmp_path_factory.mktemp("parsing")
-    words = [" ".join(t.leaves()) for t in trees] * 20
-    symbols = [" ".join(linearize(t)) for t in trees] * 20
-    tok = train_tokenizer(words, symbols, root / "spm", vocab_size=40, joint=False, model_type="bpe",
-                          tgt_model_type="word", num_threads=1)
-    cfg = Config(model=model_preset("tiny", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                                    share_embeddings="decoder", max_positions=128),
-                 decode=DecodeConfig(batch_tokens=64))
-    torch.manual_seed(0)
-    return save_checkpoint(root / "ckpt", build_model(cfg.model).eval(), cfg, tokenizer=tok, state={"step": 1})
 
 
 def test_parsing_on_cuda_gives_the_cpus_trees(parsing_checkpoint: Path) -> None:

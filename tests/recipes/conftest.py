@@ -37,6 +37,22 @@ def run_recipe(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]
     return run
 
 
+def recording_aiayn(folder: Path, script: str = "") -> dict[str, str]:
+    """The environment of a recipe script whose `aiayn` only records its calls (with its
+    thread setting, on 4 threads), one line each in ``folder/calls.txt``, then runs the bash
+    ``script`` (its arguments in "$@")."""
+    fake = folder / "aiayn"
+    fake.write_text('#!/usr/bin/env bash\necho "threads=${AIAYN_NUM_THREADS:-} $*" >> "$CALLS"\n' + script)
+    fake.chmod(0o755)
+    return {"AIAYN": str(fake), "CALLS": str(folder / "calls.txt"), "AIAYN_NUM_THREADS": "4"}
+
+
+def recorded_calls(folder: Path, command: str) -> list[str]:
+    """The recorded calls of ``aiayn COMMAND`` (not the overrides' --print-config check)."""
+    lines = (folder / "calls.txt").read_text().splitlines()
+    return [line for line in lines if line.split(" ")[1] == command and "--print-config" not in line]
+
+
 # The quality guard of `--dtype auto`: each precision auto can choose on a CPU (bf16 with bf16
 # units, int8 with VNNI or AMX; aiayn.runtime.auto_inference_dtype) translates a trained
 # model's test set within this many BLEU of fp32.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MIRROR, ROOT
+from .conftest import MIRROR, ROOT, recorded_calls, recording_aiayn
 
 
 def _script(tmp_path: Path, *overrides: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -48,44 +48,31 @@ def test_a_bad_override_stops_before_the_members_start(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()  # no member was started
 
 
-def _fake_aiayn(tmp_path: Path) -> dict[str, str]:
-    """An `aiayn` that only records its calls (with its thread setting), one line each."""
-    fake = tmp_path / "aiayn"
-    fake.write_text('#!/usr/bin/env bash\necho "threads=${AIAYN_NUM_THREADS:-} $*" >> "$CALLS"\n')
-    fake.chmod(0o755)
-    return {"AIAYN": str(fake), "CALLS": str(tmp_path / "calls.txt"), "AIAYN_NUM_THREADS": "4"}
-
-
-def _calls(tmp_path: Path, command: str) -> list[str]:
-    lines = (tmp_path / "calls.txt").read_text().splitlines()
-    return [line for line in lines if line.split(" ")[1] == command and "--print-config" not in line]
-
-
 def test_members_train_side_by_side_with_their_seeds_and_translate_as_one(tmp_path: Path) -> None:
-    proc = _script(tmp_path, "train.max_steps=9", SEED="3", **_fake_aiayn(tmp_path))
+    proc = _script(tmp_path, "train.max_steps=9", SEED="3", **recording_aiayn(tmp_path))
     assert proc.returncode == 0, proc.stderr
     run, prep, config = tmp_path / "run", tmp_path / "data-bin", "configs/multi30k_en_de.yaml"
-    assert sorted(_calls(tmp_path, "train")) == [
+    assert sorted(recorded_calls(tmp_path, "train")) == [
         f"threads=2 train --config {config} --run-dir {run}/member{k} data.prepared_dir={prep} train.max_steps=9 "
         f"train.seed={k + 2}" for k in (1, 2)]
-    assert _calls(tmp_path, "average") == [f"threads=4 average {run}/member{k} --last 5 --out {run}/member{k}/averaged"
-                                           for k in (1, 2)]
-    assert _calls(tmp_path, "translate") == [
+    assert recorded_calls(tmp_path, "average") == [
+        f"threads=4 average {run}/member{k} --last 5 --out {run}/member{k}/averaged --force" for k in (1, 2)]
+    assert recorded_calls(tmp_path, "translate") == [
         f"threads=4 translate --checkpoint {run}/member1/averaged {run}/member2/averaged --ensemble "
         f"--input {prep}/test.src.txt --output {run}/test.hyp.de --compile on"]
 
 
 @pytest.mark.parametrize("seed", [None, "5"])
 def test_one_member_is_the_single_model_recipe(tmp_path: Path, seed: str | None) -> None:
-    env = {**_fake_aiayn(tmp_path), "MEMBERS": "1", **({"SEED": seed} if seed else {})}
+    env = {**recording_aiayn(tmp_path), "MEMBERS": "1", **({"SEED": seed} if seed else {})}
     (tmp_path / "run").mkdir()  # what the real `aiayn train` makes, for the score's file
     proc = _script(tmp_path, "train.max_steps=9", **env)
     assert proc.returncode == 0, proc.stderr
     run, prep = tmp_path / "run", tmp_path / "data-bin"
-    assert _calls(tmp_path, "train") == [
+    assert recorded_calls(tmp_path, "train") == [
         f"threads=4 train --config configs/multi30k_en_de.yaml --run-dir {run} data.prepared_dir={prep} "
         f"train.max_steps=9" + (f" train.seed={seed}" if seed else "")]
-    assert _calls(tmp_path, "translate") == [
+    assert recorded_calls(tmp_path, "translate") == [
         f"threads=4 translate --checkpoint {run}/averaged --input {prep}/test.src.txt --output {run}/test.hyp.de "
         "--compile on"]
 
@@ -97,25 +84,22 @@ def test_one_member_is_the_single_model_recipe(tmp_path: Path, seed: str | None)
 ])
 def test_the_corpus_comes_from_data_dir_else_the_mirror_variable_else_a_download(
         tmp_path: Path, data_dir: str, mirror: str, expected: str) -> None:
-    env = {**_fake_aiayn(tmp_path), "MEMBERS": "1", "DATA_DIR": data_dir, "AIAYN_DATA_MIRROR": mirror}
+    env = {**recording_aiayn(tmp_path), "MEMBERS": "1", "DATA_DIR": data_dir, "AIAYN_DATA_MIRROR": mirror}
     (tmp_path / "run").mkdir()
     proc = _script(tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
-    assert _calls(tmp_path, "prepare") == [
+    assert recorded_calls(tmp_path, "prepare") == [
         f"threads=4 prepare --config configs/multi30k_en_de.yaml {expected}--out {tmp_path / 'data-bin'}"]
 
 
 def _choosing_aiayn(tmp_path: Path, *overrides: str) -> dict[str, str]:
     """The recording `aiayn`, whose `choose-recipe` prints ``overrides`` and writes its --json."""
-    env = _fake_aiayn(tmp_path)
     lines = "\\n".join(overrides)
-    Path(env["AIAYN"]).write_text(
-        '#!/usr/bin/env bash\necho "threads=${AIAYN_NUM_THREADS:-} $*" >> "$CALLS"\n'
+    return recording_aiayn(tmp_path, (
         'if [ "$1" = choose-recipe ]; then\n'
         f'  printf "{lines}\\n"\n'
         '  while [ $# -gt 0 ]; do [ "$1" = --json ] && echo \'{"variant": {"name": "light"}}\' > "$2"; shift; done\n'
-        'fi\n')
-    return env
+        'fi\n'))
 
 
 def test_the_chosen_variant_comes_before_the_callers_overrides_and_is_kept(tmp_path: Path) -> None:
@@ -123,17 +107,17 @@ def test_the_chosen_variant_comes_before_the_callers_overrides_and_is_kept(tmp_p
     proc = _script(tmp_path, "train.warmup_steps=300", **env)
     assert proc.returncode == 0, proc.stderr
     run, prep, config = tmp_path / "run", tmp_path / "data-bin", "configs/multi30k_en_de.yaml"
-    [choose] = _calls(tmp_path, "choose-recipe")
+    [choose] = recorded_calls(tmp_path, "choose-recipe")
     assert choose.startswith(f"threads=2 choose-recipe --config {config} --variants configs/variants/multi30k.yaml "
                              f"data.prepared_dir={prep} train.warmup_steps=300 --json ")
-    assert sorted(_calls(tmp_path, "train")) == [
+    assert sorted(recorded_calls(tmp_path, "train")) == [
         f"threads=2 train --config {config} --run-dir {run}/member{k} data.prepared_dir={prep} model.d_ff=512 "
         f"train.warmup_steps=200 train.warmup_steps=300 train.seed={k}" for k in (1, 2)]
     assert (run / "recipe.json").read_text() == '{"variant": {"name": "light"}}\n'
     # Run again (a resumed run): the earlier choice is handed back, not measured anew.
     (tmp_path / "calls.txt").unlink()
     assert _script(tmp_path, **env).returncode == 0
-    [again] = _calls(tmp_path, "choose-recipe")
+    [again] = recorded_calls(tmp_path, "choose-recipe")
     assert f"--previous {run}/recipe.json " in again
 
 
@@ -142,8 +126,8 @@ def test_variants_none_trains_the_config_as_written(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     proc = _script(tmp_path, **env)
     assert proc.returncode == 0, proc.stderr
-    assert _calls(tmp_path, "choose-recipe") == []
-    assert _calls(tmp_path, "train") == [f"threads=4 train --config configs/multi30k_en_de.yaml --run-dir "
+    assert recorded_calls(tmp_path, "choose-recipe") == []
+    assert recorded_calls(tmp_path, "train") == [f"threads=4 train --config configs/multi30k_en_de.yaml --run-dir "
                                          f"{tmp_path / 'run'} data.prepared_dir={tmp_path / 'data-bin'}"]
     assert not (tmp_path / "run" / "recipe.json").exists()
 

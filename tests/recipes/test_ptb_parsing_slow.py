@@ -6,7 +6,7 @@ score with EVALB), the documented command.
 The floor sits well above the baselines (docs/benchmarks.md, "Constituency parsing": one
 flat ``S`` over the words scores 9.55 test F1, the labelled right-branching tree 12.58) and
 just under the measured figures of this test's configuration (1,000 updates, the last 3
-checkpoints averaged, beam 21, constrained): F1 from 37.6 to 45.6 on dev and test over the
+checkpoints averaged, beam 21, constrained): F1 from 37.4 to 45.6 on dev and test over the
 measured runs and recipe variants (with and without the phrase and same-tag training
 extras). A regression in any stage (tree cleaning, linearization, tokenizer, training,
 averaging, the search, the tree constraint, the rebuild, EVALB) drops it below the floor.
@@ -22,7 +22,7 @@ import pytest
 from aiayn.data.trees import parse_tree, read_trees
 
 STEPS = 1000
-F1_FLOOR = 35.0  # measured: 37.6 to 45.6
+F1_FLOOR = 35.0  # measured: 37.4 to 45.6 (within 5 of the lowest)
 
 
 @pytest.mark.slow
