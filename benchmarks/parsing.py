@@ -163,9 +163,10 @@ def main() -> None:
         ensemble = args.ensemble and len(args.checkpoint) > 1
         parser = Parser.from_checkpoint(args.checkpoint, ensemble=ensemble)
         rows += model_rows(parser, args.prepared, args.splits, name="ensemble" if ensemble else "model")
-        for k, path in enumerate(args.checkpoint if ensemble else [], start=1):
-            rows += model_rows(Parser.from_checkpoint(path), args.prepared, args.splits, name=f"member {k} alone",
-                               settings=((21, True),))
+        if ensemble:
+            for k, path in enumerate(args.checkpoint, start=1):
+                rows += model_rows(Parser.from_checkpoint(path), args.prepared, args.splits,
+                                   name=f"member {k} alone", settings=((21, True),))
         if args.runs:
             cost = constraint_cost(parser, args.prepared, args.splits[0], args.runs)
     _print_table(rows, args.splits)

@@ -96,7 +96,9 @@ def test_compiled_steps_and_grammars_search_here(translators, english: list[str]
     request = TranslationRequest(english[:4], pooled.decode_config(), grammar=lambda rows: None)
     assert len(pooled.run(request)) == 4
     pooled.run(TranslationRequest(english[:4], pooled.decode_config()), decoder=pooled.engine.decoder)
+    assert pooled.engine.searches_in_workers
     monkeypatch.setattr(type(pooled.engine), "compiled", property(lambda self: True))
+    assert not pooled.engine.searches_in_workers
     pooled.translate(english[:4])
 
 

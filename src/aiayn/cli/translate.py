@@ -285,11 +285,11 @@ class _Job:
             if not self.args.quiet:
                 print(f"compile auto -> on ({self.total} lines win its warm-up back)", file=sys.stderr)
             self.translator.use_compiled()
-        elif self.workers[0] > 1 and not self.translator.compiled:  # a compiled step decodes here
-            if not self.args.quiet and self.args.workers == "auto":
+        elif self.workers[0] > 1:
+            self.translator.engine.use_workers(*self.workers)
+            if self.translator.engine.searches_in_workers and not self.args.quiet and self.args.workers == "auto":
                 print(f"workers auto -> {self.workers[0]} processes of {self.workers[1]} thread(s) "
                       f"({self.total} lines)", file=sys.stderr)
-            self.translator.engine.use_workers(*self.workers)
 
     def _scan(self) -> None:
         """One pass over a regular input file (and prefix file) before any translation."""

@@ -187,6 +187,12 @@ class DecodingEngine:
             self._pool = None
         self._workers = (workers, threads)
 
+    @property
+    def searches_in_workers(self) -> bool:
+        """Whether :meth:`search_batches` hands requests (those without a grammar) to worker
+        processes: more than one asked for, and the steps eager."""
+        return self._workers[0] > 1 and not self.compiled
+
     def _worker_pool(self, shortlist: Any) -> SearchWorkers:
         if self._pool is not None and self._pool[0] is not shortlist:
             self._pool[1].close()
@@ -203,7 +209,7 @@ class DecodingEngine:
                        ) -> Iterator[tuple[list[EncodedSentence], list[list[SearchHypothesis]]]]:
         """Each batch with its hypotheses (:meth:`search`), in order: in the worker processes
         of :meth:`use_workers` where they apply, else here one batch after another."""
-        if self._workers[0] > 1 and decoder is None and not self.compiled and request.grammar is None:
+        if self.searches_in_workers and decoder is None and request.grammar is None:
             yield from self._worker_pool(shortlist).map(batches, request)
             return
         for batch in batches:
