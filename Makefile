@@ -72,7 +72,7 @@ COMPAT_SETS ?= lower latest
 test-compat:
 	PY=$(PY) bash scripts/test_compat.sh $(COMPAT_SETS)
 
-# Mutation testing of the search, loss, schedules, checkpointing, scorers, trees and int8
+# Mutation testing of the search, shortlists, loss, schedules, checkpointing, scorers, trees and int8
 # quantization ([tool.mutmut] in pyproject.toml): mutants/ holds the run; the score per module
 # and the survivors are printed, and reviewed ones are in tests/mutation_equivalent.txt.
 # The data mirror is $AIAYN_DATA_MIRROR (docs/testing.md), passed on as an absolute path so that
@@ -100,10 +100,14 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/mypy
 	$(BIN)/python scripts/check_history_words.py
 
+# Speed against the peers on this CPU, within 15 minutes on a 2-core CPU of any kind (AVX2-only
+# is the slowest): training and decoding in every precision the CPU runs natively (median of 2),
+# then the latency of the precision `--dtype auto` picks against CTranslate2 int8. The results
+# page's tables come from the full runs (docs/benchmarks.md).
 bench: $(VENV)/.installed-dev
-	$(BIN)/python benchmarks/cpu_train.py
-	$(BIN)/python benchmarks/cpu_decode.py
-	$(BIN)/python benchmarks/cpu_latency.py
+	$(BIN)/python benchmarks/cpu_train.py --runs 2
+	$(BIN)/python benchmarks/cpu_decode.py --runs 2
+	$(BIN)/python benchmarks/cpu_latency.py --auto-only --batches 64 --sentences 100 --runs 1
 
 # On a GPU: the cuda tests, training and decoding against peers, the matmul ceiling, in one
 # report (docs/gpu.md); e.g. GPU_BENCH_ARGS="--multi30k 4000" to add the Multi30k recipe.

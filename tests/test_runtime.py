@@ -150,8 +150,8 @@ def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flag
     (("avx2",), True, "bf16", "dtype bf16: bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"),
     (("avx512_bf16",), True, "bf16", "dtype bf16"),
     (("avx2", "avx512_vnni"), True, "int8", "dtype int8"),
-    (("avx2",), True, "int8", "dtype int8: this CPU has no VNNI or AMX: int8 runs with 7-bit weights, no faster "
-                              "than fp32"),
+    (("avx2",), True, "int8", "dtype int8: this CPU has no VNNI or AMX: int8 runs with 7-bit weights, faster than "
+                              "fp32 in batches, slower one sentence at a time"),
     (("avx2",), False, "int8", "dtype int8: this torch has no oneDNN int8 kernel; int8 runs on a reference loop, "
                                "slower than fp32"),
     (("avx2",), False, "fp32", "dtype fp32"),
@@ -310,6 +310,7 @@ NARROWED_CASES = [
     ("AVX512_CORE", {"fma", "avx", "f16c", "avx2", "avx512f", "avx512bw", "avx512vl"}),
     ("AVX2_VNNI", {"fma", "avx", "f16c", "avx2", "avx_vnni"}),
     ("AVX2", {"fma", "avx", "f16c", "avx2"}),
+    ("AVX", {"avx", "f16c"}),
     ("SSE41", {"sse4_1"} & AMX_CPU),
     ("NOT_AN_ISA", AMX_CPU),
 ]
@@ -324,7 +325,8 @@ def test_onednn_isa_narrows_the_flags_the_precision_choices_read(isa: str, expec
 
 @pytest.mark.parametrize("isa, dtype, reason", [
     ("", "int8", "AMX"), ("AVX512_CORE_BF16", "int8", "AVX-512 VNNI"), ("AVX512_CORE_VNNI", "int8", "AVX-512 VNNI"),
-    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "fp32", "no VNNI or bf16 units")])
+    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "fp32", "no VNNI or bf16 units"),
+    ("AVX", "fp32", "no VNNI or bf16 units")])
 def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyPatch, tmp_path, isa, dtype, reason):
     """cpu_flags() applies $ONEDNN_MAX_CPU_ISA as it reads the CPU: the choice is the kind's."""
     from aiayn.runtime import cpu

@@ -6,6 +6,7 @@ vocabulary."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -64,17 +65,18 @@ def prepared(tmp_path_factory) -> Path:
     return tmp / "prepared"
 
 
-def _config(tok) -> Config:
+def _config(tok, output_bias: bool = True) -> Config:
     return Config(model=ModelConfig(d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=1,
                                     src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
-                                    max_positions=64, share_embeddings="none", output_bias=True))
+                                    max_positions=64, share_embeddings="none", output_bias=output_bias))
 
 
-def _model(tok, seed: int = 0):
+def _model(tok, seed: int = 0, output_bias: bool = True):
     torch.manual_seed(seed)
-    model = build_model(_config(tok).model)
-    with torch.no_grad():
-        model.output_bias.normal_()
+    model = build_model(_config(tok, output_bias).model)
+    if output_bias:
+        with torch.no_grad():
+            model.output_bias.normal_()
     return model
 
 
@@ -292,18 +294,24 @@ def test_a_constraint_keeps_the_whole_vocabulary(prepared):
                SearchInputs(constraint=PhraseConstraint([[[5]]], [[]], eos=EOS_ID), vocabulary=narrow))
 
 
+@pytest.mark.parametrize("output_bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "int8"])
-def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype):
-    """The saving: the step's projection has as many columns as the list, in every dtype."""
+def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype, output_bias):
+    """The saving: the step's projection has as many columns as the list, in every dtype, and
+    the whole vocabulary's projection does not run."""
     tok = load_tokenizer(prepared)
-    tr = Translator(_model(tok), tok, Config(), dtype=dtype)
+    tr = Translator(_model(tok, output_bias=output_bias), tok, Config(), dtype=dtype)
     rows = tok.shortlist.rows(tok.encode_src(SRC[0]))
     vocab = BatchVocabulary(rows, tok.tgt_vocab_size)
     src = torch.tensor([tok.encode_src(SRC[0])])
     bos = torch.tensor([BOS_ID])
+    whole_projections = []
+    tr.decoder.project.register_forward_hook(lambda module, args, out: whole_projections.append(out.shape))
     with torch.no_grad():
         full, _ = tr.decoder.step(bos, tr.decoder.init_state(src, 4))
+        assert len(whole_projections) == 1
         short, _ = tr.decoder.step(bos, tr.decoder.init_state(src, 4), vocabulary=vocab)
+    assert len(whole_projections) == 1  # the cut projection ran instead
     kept = torch.isfinite(short[0]).nonzero()[:, 0]
     assert kept.tolist() == rows.tolist()
     # The same scores as the full projection's on those rows (int8: per-row quantization). A
@@ -321,7 +329,31 @@ def test_a_single_model_projects_onto_the_shortlist_rows_only(prepared, dtype):
     else:
         assert sliced is not None and not isinstance(sliced, Int8Linear)
         assert tuple(sliced.weight_t.shape) == (tr.model.output_weight.size(1), len(rows))
+    assert (sliced.bias is None) is not output_bias
     assert type(vocab._sliced[id(tr.decoder)]) is type(sliced)
+
+
+def test_an_int8_projection_is_cut_with_its_own_kernel():
+    weight = torch.randn(6, 8)
+    for kernel in ("onednn", "int_mm"):
+        decoder = SimpleNamespace(project=Int8Linear(weight, kernel=kernel),
+                                  model=SimpleNamespace(output_weight=weight, output_bias=None))
+        sliced = sliced_projection(decoder, torch.tensor([1, 4]))
+        assert isinstance(sliced, Int8Linear) and sliced.kernel == kernel
+
+
+def test_a_projection_that_cannot_be_cut_is_restricted_to_the_rows():
+    """Any other projection (an ensemble's, a compiled step's) runs whole; its logits keep their
+    values on the rows, every other id gets -inf."""
+    torch.manual_seed(0)
+    project = torch.nn.Linear(4, 6)
+    decoder = SimpleNamespace(project=project, model=None)
+    vocab = BatchVocabulary(torch.tensor([0, 2, 5]), 6)
+    h = torch.randn(3, 4)
+    with torch.no_grad():
+        got, logits = vocab.project(h, decoder), project(h)
+    assert torch.equal(got[:, [0, 2, 5]], logits[:, [0, 2, 5]])
+    assert torch.isneginf(got[:, [1, 3, 4]]).all()
 
 
 def test_the_search_emits_what_the_masked_vocabulary_does(prepared, float32_lists):
@@ -428,17 +460,83 @@ def test_a_batch_vocabulary_restricts_whole_vocabulary_scores_exactly():
     """Logits keep their values on the rows; log-probabilities (an ensemble's, a compiled step's)
     are normalized again over the rows; every other id is -inf. A per-sentence vocabulary cannot
     restrict a step that scored the whole vocabulary."""
-    scores = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0, 0.0]])
+    scores = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 0.5, 0.0]])
     vocab = BatchVocabulary(torch.tensor([1, 3]), 5)
     inf = float("-inf")
     assert torch.equal(vocab.restrict(scores, normalized=False),
-                       torch.tensor([[inf, 1.0, inf, 3.0, inf], [inf, 3.0, inf, 1.0, inf]]))
-    renormed = vocab.restrict(scores.log_softmax(-1), normalized=True)
-    assert torch.allclose(renormed[:, [1, 3]], torch.tensor([[1.0, 3.0], [3.0, 1.0]]).log_softmax(-1))
+                       torch.tensor([[inf, 1.0, inf, 3.0, inf], [inf, 3.0, inf, 0.5, inf]]))
+    renormed = vocab.restrict(scores.log_softmax(-1), normalized=True)  # over each row's kept ids
+    assert torch.allclose(renormed[:, [1, 3]], torch.tensor([[1.0, 3.0], [3.0, 0.5]]).log_softmax(-1))
     assert torch.isinf(renormed[:, [0, 2, 4]]).all()
     lists, sizes = torch.tensor([[0, 1, 2, 3, 7]]), torch.tensor([5])
     narrow = SentenceVocabulary(build_model(ModelConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=2,
                                                         d_ff=16, n_encoder_layers=1, n_decoder_layers=1)),
                                 lists, sizes, 8)
-    with pytest.raises(ValueError, match="per-sentence lists need a decoder that projects onto them"):
+    with pytest.raises(ValueError, match=r"^per-sentence lists need a decoder that projects onto them \(a single "
+                                         r"model, decoding eagerly\)$"):
         narrow.restrict(torch.zeros(1, 8), normalized=False)
+
+
+def _tiny_output_model(vocab: int, output_bias: bool):
+    return build_model(ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=8, n_heads=2, d_ff=16,
+                                   n_encoder_layers=1, n_decoder_layers=1, output_bias=output_bias))
+
+
+@pytest.mark.parametrize("output_bias", [True, False], ids=["bias", "no-bias"])
+def test_a_new_vocabulary_holds_every_list_in_its_precision(monkeypatch, output_bias):
+    """Before a batch starts: every list held, no row laid out; the gathered rows of the output
+    weight and bias in the projection's dtype (bf16 where native), -inf past each list's end."""
+    torch.manual_seed(0)
+    model = _tiny_output_model(10, output_bias)
+    lists, sizes = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 3, 0], [0, 1, 2, 3, 9]]), torch.tensor([5, 4, 5])
+    monkeypatch.setattr("aiayn.inference.step_vocabulary.native_bf16", lambda device: True)
+    vocab = SentenceVocabulary(model, lists, sizes, 10)
+    assert vocab.dtype == torch.bfloat16 and vocab.weight.dtype == vocab.bias.dtype == torch.bfloat16
+    assert vocab.held.tolist() == [0, 1, 2] and vocab.row_list.tolist() == []
+    assert (vocab.slot, vocab.pos, vocab.rows_per_list) == (None, None, 1)
+    assert torch.equal(vocab.weight, model.output_weight[lists].to(torch.bfloat16))
+    bias = torch.zeros(3, 5) if model.output_bias is None else model.output_bias[lists]
+    assert torch.equal(vocab.bias, bias.masked_fill(torch.tensor([[False] * 5, [False] * 4 + [True], [False] * 5]),
+                                                    float("-inf")).to(torch.bfloat16))
+
+
+@pytest.mark.parametrize("output_bias", [True, False], ids=["bias", "no-bias"])
+def test_a_vocabulary_keeps_its_tensors_on_the_lists_device(output_bias):
+    """Lists on an accelerator (here the meta device, which has shapes and no data), sizes from
+    the CPU: every tensor the vocabulary makes is on the lists' device."""
+    with torch.device("meta"):
+        model = _tiny_output_model(10, output_bias)
+    lists = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, 3, 9]], device="meta")
+    vocab = SentenceVocabulary(model, lists, torch.tensor([5, 4]), 10, dtype=torch.float32)
+    assert {name: getattr(vocab, name).device.type for name in ("lists", "weight", "bias", "held", "row_list")} == \
+        dict.fromkeys(("lists", "weight", "bias", "held", "row_list"), "meta")
+    vocab.slot = torch.tensor([1, 0], device="meta")  # as a layout of two rows sets it
+    assert vocab.columns(torch.tensor([0, 1], device="meta"), torch.tensor([4, 9], device="meta")).device.type == "meta"
+
+
+def test_many_narrow_lists_rows_out_of_order_and_no_rows_left():
+    """More lists than columns, rows of several lists in any order, every row gone: each row's
+    scores are its own list's columns, as the whole projection's on those ids."""
+    torch.manual_seed(0)
+    model = _tiny_output_model(12, output_bias=True)
+    lists = torch.tensor([[0, 1, 2, 3, 4 + i] for i in range(6)])
+    vocab = SentenceVocabulary(model, lists, torch.full((6,), 5), 12, dtype=torch.float32)
+    weight, bias = model.output_weight.detach(), model.output_bias.detach()
+
+    def check(row_lists: list[int]) -> None:
+        h = torch.randn(len(row_lists), 8)
+        with torch.no_grad():
+            got = vocab.project(h, None)
+        want = torch.stack([h[r] @ weight[lists[k]].T + bias[lists[k]] for r, k in enumerate(row_lists)])
+        torch.testing.assert_close(got, want)
+
+    vocab.start(6)
+    assert vocab.pos is None  # one row per list, in order: the plain layout
+    check([0, 1, 2, 3, 4, 5])
+    assert vocab.columns(torch.tensor([0, 5, 5]), torch.tensor([4, 9, 4])).tolist() == [4, 4, 0]
+    vocab.select(torch.tensor([3, 1, 1, 0, 5]))  # 4 of 6 lists left: gathered again; rows unsorted
+    assert vocab.held.tolist() == [0, 1, 3, 5] and vocab.pos.tolist() == [0, 0, 1, 0, 0]
+    check([3, 1, 1, 0, 5])
+    assert vocab.ids(torch.tensor([0, 4]), torch.tensor([4, 4])).tolist() == [7, 9]
+    vocab.select(torch.tensor([], dtype=torch.long))
+    assert vocab.held.tolist() == [] and (vocab.pos, vocab.rows_per_list) == (None, 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 import re
 import sys
 from pathlib import Path
@@ -333,3 +334,11 @@ def test_constraints_list_wants_one_entry_per_text() -> None:
         with pytest.raises(DataError) as err:
             constraints_list(values, n)
         assert str(err.value) == message
+
+
+def test_a_constraint_error_crosses_a_process_boundary_whole():
+    """A decoding worker's ConstraintError reaches the caller with its index, reason and
+    message, so that a command line can re-word it as FILE:LINE."""
+    error = pickle.loads(pickle.dumps(ConstraintError(4, "cannot be met")))
+    assert (type(error), error.index, error.reason, str(error)) == (
+        ConstraintError, 4, "cannot be met", "texts[4]: cannot be met")

@@ -81,8 +81,8 @@ class DtypeChoice:
 # `--dtype auto` on a CPU, by kind: the first row whose flags the CPU has (any of them) decides.
 # Measured per kind in docs/results.md ("Precision per CPU kind"): with int8 dot products (VNNI,
 # AMX) int8 is the fastest precision. Without them oneDNN's int8 matmul needs 7-bit weights
-# (aiayn.inference.quantize) and gains nothing over float32: fp32 there, and bf16 wins only
-# where int8 cannot run.
+# (aiayn.inference.quantize): on AVX2 it is faster than float32 in batches and slower one
+# sentence at a time (its small matmuls), so fp32 there, and bf16 wins only where int8 cannot run.
 CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("amx_int8", "amx_tile"), "int8", "AMX"),
     (("avx512_vnni",), "int8", "AVX-512 VNNI"),
@@ -135,7 +135,8 @@ def _caveat(dtype: str, device: torch.device | str) -> str:
     if dtype == "int8" and not cpu.onednn_int8():
         return "this torch has no oneDNN int8 kernel; int8 runs on a reference loop, slower than fp32"
     if dtype == "int8" and not cpu.cpu_flags() & INT8_DOT_PRODUCTS:
-        return "this CPU has no VNNI or AMX: int8 runs with 7-bit weights, no faster than fp32"
+        return ("this CPU has no VNNI or AMX: int8 runs with 7-bit weights, faster than fp32 in batches, "
+                "slower one sentence at a time")
     return ""
 
 
