@@ -43,7 +43,8 @@ def test_a_request_checks_its_per_text_lists_and_normalizes_constraints() -> Non
         TranslationRequest(["a", "b"], prefixes=["x"])
     with pytest.raises(ConfigError, match=r"^sources: 3 given for 2 texts$"):
         TranslationRequest(["a", "b"], sources=[[1], [2], [3]])
-    with pytest.raises(ConfigError, match="cannot be combined with another constraint"):
+    with pytest.raises(ConfigError, match=r"^constraints: lexical constraints cannot be combined with another "
+                                          r"constraint$"):
         TranslationRequest(["a"], constraints=[["Hund"]], grammar=lambda batch: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(DataError, match=r"constraints: 1 entries for 2 texts"):
         TranslationRequest(["a", "b"], constraints=[["Hund"]])
@@ -58,9 +59,10 @@ def test_the_length_rule_cuts_with_a_warning_or_refuses(caplog) -> None:
     cut = TranslationRequest(["x"], first_number=7)
     assert check_source_length(ids, 0, None, cut) == ids
     assert check_source_length(ids, 0, 6, cut) == ids
+    assert check_source_length(ids, 0, 6, TranslationRequest(["x"], truncate=False)) == ids  # exactly the limit
     with caplog.at_level(logging.WARNING):
         assert check_source_length(ids, 2, 4, cut) == [1, 2, 3, EOS_ID]
-    assert "sentence 9: 6 source tokens, truncated to the model's 4 positions" in caplog.text
+    assert caplog.messages == ["sentence 9: 6 source tokens, truncated to the model's 4 positions"]
     with pytest.raises(SourceTooLong) as refused:
         check_source_length(ids, 2, 5, TranslationRequest(["x"], truncate=False))
     assert (refused.value.index, refused.value.length, refused.value.limit) == (2, 6, 5)
@@ -84,7 +86,8 @@ def test_phrases_become_pieces_and_what_cannot_be_met_is_refused_or_dropped(capl
     [sentence] = encode_request(strict, tok, tok, NO_LIMITS)
     assert (sentence.include, sentence.exclude, sentence.constrained) == ([[21, 22]], [[23]], True)
     for phrase, reason in [("Katze", "the target vocabulary cannot spell it"),
-                           ("der Hund", "contains the excluded phrase 'der'")]:
+                           ("der Hund", "contains the excluded phrase 'der'"),
+                           ("Hund der", "contains the excluded phrase 'der'")]:
         bad = TranslationRequest(["a dog"], cfg, constraints=[{"include": [phrase], "exclude": ["der"]}])
         with pytest.raises(ConstraintError, match=reason):
             encode_request(bad, tok, tok, NO_LIMITS)
@@ -96,11 +99,35 @@ def test_phrases_become_pieces_and_what_cannot_be_met_is_refused_or_dropped(capl
         [kept] = encode_request(TranslationRequest(["a dog"], cfg, best_effort=True, first_number=5, **long),
                                 tok, tok, NO_LIMITS)
     assert kept.include == [] and not kept.constrained
-    assert "sentence 5: the constraints need 3 target pieces" in caplog.text and "without them" in caplog.text
+    assert caplog.messages == ["sentence 5: the constraints need 3 target pieces; the length bound (max_len_a x "
+                               "source length + max_len_b, less any prefix) leaves 2; translated without them"]
+    # Exactly the room the bound leaves is enough; a prefix longer than the bound leaves none,
+    # which excluded phrases do not need.
+    exact = encode_request(TranslationRequest(["a dog"], cfg, prefixes=["der Hund"], constraints=[["roten Ball"]]),
+                           tok, tok, NO_LIMITS)
+    assert exact[0].include == [[21, 22]]
+    short = DecodeConfig(max_len_a=0.0, max_len_b=1)
+    [excluding] = encode_request(TranslationRequest(["a dog"], short, prefixes=["der Hund"],
+                                                    constraints=[{"exclude": ["Ball"]}]), tok, tok, NO_LIMITS)
+    assert (excluding.include, excluding.exclude) == ([], [[22]])
     # The model's decoder steps bound the output too (one step stays for EOS).
     fits = TranslationRequest(["a dog"], cfg, constraints=[["roten Ball"]])
     with pytest.raises(ConstraintError, match="leaves 1$"):
         encode_request(fits, tok, tok, SourceLimits(None, 2))
+
+
+def test_a_phrase_dropped_with_best_effort_is_named_in_one_warning(caplog) -> None:
+    """The warning names the sentence's line and the phrase, quoted and cut to 60 characters."""
+    tok = Words()
+    sixty, longer = "x" * 60, "y" * 61
+    for phrase, quoted in [("Katze", "'Katze'"), (sixty, repr(sixty)), (longer, repr("y" * 60 + "..."))]:
+        caplog.clear()
+        request = TranslationRequest(["a dog"], best_effort=True, first_number=3, constraints=[[phrase]])
+        with caplog.at_level(logging.WARNING):
+            [sentence] = encode_request(request, tok, tok, NO_LIMITS)
+        assert sentence.include == []
+        assert caplog.messages == [f"sentence 3: constraint {quoted}: the target vocabulary cannot spell it (an "
+                                   f"unknown piece); translated without it"]
 
 
 def test_batches_hold_longest_first_within_the_padded_budget() -> None:
