@@ -5,6 +5,9 @@ pass `make bench` runs (the latency benchmark's rows, batches and tables; option
 from __future__ import annotations
 
 import argparse
+import importlib
+import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,10 +107,6 @@ def test_latency_tables_show_the_batches_measured(cpu_latency, capsys: pytest.Ca
 def test_make_bench_passes_options_the_benchmarks_have(monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]):
     """Each option of `make bench`'s commands is one its script offers (its --help)."""
-    import importlib
-    import re
-    import sys
-
     makefile = (BENCHMARKS.parent / "Makefile").read_text()
     recipe = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
     commands = re.findall(r"benchmarks/(cpu_\w+)\.py([^\n]*)", recipe)

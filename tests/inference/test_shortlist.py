@@ -80,6 +80,11 @@ def _model(tok, seed: int = 0, output_bias: bool = True):
     return model
 
 
+def _tiny_output_model(vocab: int, output_bias: bool):
+    return build_model(ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=8, n_heads=2, d_ff=16,
+                                   n_encoder_layers=1, n_decoder_layers=1, output_bias=output_bias))
+
+
 def test_prepare_builds_it_and_checkpoints_carry_it(prepared, tmp_path):
     tok = load_tokenizer(prepared)
     assert tok.shortlist is not None and tok.shortlist.table.shape == (tok.src_vocab_size, 3)
@@ -469,17 +474,10 @@ def test_a_batch_vocabulary_restricts_whole_vocabulary_scores_exactly():
     assert torch.allclose(renormed[:, [1, 3]], torch.tensor([[1.0, 3.0], [3.0, 0.5]]).log_softmax(-1))
     assert torch.isinf(renormed[:, [0, 2, 4]]).all()
     lists, sizes = torch.tensor([[0, 1, 2, 3, 7]]), torch.tensor([5])
-    narrow = SentenceVocabulary(build_model(ModelConfig(src_vocab_size=8, tgt_vocab_size=8, d_model=8, n_heads=2,
-                                                        d_ff=16, n_encoder_layers=1, n_decoder_layers=1)),
-                                lists, sizes, 8)
+    narrow = SentenceVocabulary(_tiny_output_model(8, output_bias=False), lists, sizes, 8)
     with pytest.raises(ValueError, match=r"^per-sentence lists need a decoder that projects onto them \(a single "
                                          r"model, decoding eagerly\)$"):
         narrow.restrict(torch.zeros(1, 8), normalized=False)
-
-
-def _tiny_output_model(vocab: int, output_bias: bool):
-    return build_model(ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=8, n_heads=2, d_ff=16,
-                                   n_encoder_layers=1, n_decoder_layers=1, output_bias=output_bias))
 
 
 @pytest.mark.parametrize("output_bias", [True, False], ids=["bias", "no-bias"])

@@ -42,7 +42,7 @@ ONEDNN_ISA_ENV = "ONEDNN_MAX_CPU_ISA"
 _AVX512 = ("avx512",)  # every avx512* flag
 _AMX = ("amx",)
 _ONEDNN_ISA_DROPS: dict[str, tuple[str, ...]] = {
-    "sse41": ("avx", "fma", "f16c", "avx_vnni") + _AVX512 + _AMX,
+    "sse41": ("avx", "fma", "f16c") + _AVX512 + _AMX,
     "avx": ("avx2", "fma", "avx_vnni") + _AVX512 + _AMX,
     "avx2": ("avx_vnni",) + _AVX512 + _AMX,
     "avx2_vnni": _AVX512 + _AMX,

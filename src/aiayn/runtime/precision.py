@@ -81,8 +81,8 @@ class DtypeChoice:
 # `--dtype auto` on a CPU, by kind: the first row whose flags the CPU has (any of them) decides.
 # Measured per kind in docs/results.md ("Precision per CPU kind"): with int8 dot products (VNNI,
 # AMX) int8 is the fastest precision. Without them oneDNN's int8 matmul needs 7-bit weights
-# (aiayn.inference.quantize): on AVX2 it is faster than float32 in batches and slower one
-# sentence at a time (its small matmuls), so fp32 there, and bf16 wins only where int8 cannot run.
+# (aiayn.inference.quantize) and does not beat float32 one sentence at a time: fp32 there, and
+# bf16 wins only where int8 cannot run.
 CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("amx_int8", "amx_tile"), "int8", "AMX"),
     (("avx512_vnni",), "int8", "AVX-512 VNNI"),
