@@ -60,15 +60,17 @@ def cpu_latency():
     return cpu_latency
 
 
-@pytest.mark.parametrize("flags, aiayn_dtype", [({"avx2"}, "fp32"), ({"avx2", "avx512_vnni"}, "int8"),
-                                                ({"avx2", "avx512_bf16"}, "bf16")])
+@pytest.mark.parametrize("flags, fbgemm, aiayn_dtype", [
+    ({"avx2"}, True, "int8"), ({"avx2"}, False, "fp32"), ({"avx2", "avx512_vnni"}, True, "int8"),
+    ({"avx2", "avx512_bf16"}, True, "bf16")])
 def test_the_short_latency_pass_runs_the_precision_auto_picks_against_ctranslate2_int8(
-        monkeypatch: pytest.MonkeyPatch, cpu_latency, flags: set[str], aiayn_dtype: str):
+        monkeypatch: pytest.MonkeyPatch, cpu_latency, flags: set[str], fbgemm: bool, aiayn_dtype: str):
     from aiayn.runtime import cpu
 
     monkeypatch.delenv("AIAYN_DTYPE", raising=False)
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
     monkeypatch.setattr(cpu, "onednn_int8", lambda: True)
+    monkeypatch.setattr(cpu, "fbgemm_int8", lambda: fbgemm)
     assert cpu_latency.selected_rows({"aiayn", "ctranslate2"}, auto_only=True) == [
         ("aiayn", aiayn_dtype), ("ctranslate2", "int8")]
     assert cpu_latency.selected_rows({"ctranslate2"}, auto_only=True) == [("ctranslate2", "int8")]

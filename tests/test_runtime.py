@@ -123,53 +123,68 @@ DTYPE_AUTO_CASES = [
     (("avx2", "avx512f", "avx512_vnni"), "int8", "AVX-512 VNNI"),
     (("avx2", "avx_vnni"), "int8", "AVX-VNNI"),
     (("avx2", "avx512f", "avx512_bf16"), "bf16", "AVX-512 BF16"),
-    (("avx2", "avx512f"), "fp32", "no VNNI or bf16 units"),
-    (("avx2",), "fp32", "no VNNI or bf16 units"),
+    (("avx2", "avx512f"), "int8", "fbgemm's int8 kernel"),
+    (("avx2",), "int8", "fbgemm's int8 kernel"),
+    (("sse4_2",), "fp32", "no VNNI or bf16 units"),
     ((), "fp32", "no VNNI or bf16 units"),
 ]
-# The same without oneDNN's int8 kernel (a torch built without it, or not x86).
+# The same without oneDNN's int8 kernel (a torch built without it, or not x86), with and
+# without fbgemm's.
 DTYPE_AUTO_WITHOUT_ONEDNN = [
-    (("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"), "bf16", "AVX-512 BF16"),
-    (("amx_bf16",), "bf16", "AMX"),
-    (("avx2", "avx512f", "avx512_vnni"), "fp32", "no VNNI or bf16 units"),
-    (("avx2",), "fp32", "no VNNI or bf16 units"),
+    (("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16"), True, "bf16",
+     "AVX-512 BF16"),
+    (("amx_bf16",), True, "bf16", "AMX"),
+    (("avx2", "avx512f", "avx512_vnni"), True, "int8", "fbgemm's int8 kernel"),
+    (("avx2",), True, "int8", "fbgemm's int8 kernel"),
+    (("avx2", "avx512f", "avx512_vnni"), False, "fp32", "no VNNI or bf16 units"),
+    (("avx2",), False, "fp32", "no VNNI or bf16 units"),
 ]
 
 
-@pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_WITHOUT_ONEDNN)
-def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
+@pytest.mark.parametrize("flags, fbgemm, dtype, reason", DTYPE_AUTO_WITHOUT_ONEDNN)
+def test_dtype_auto_without_an_int8_kernel(monkeypatch: pytest.MonkeyPatch, flags, fbgemm, dtype, reason):
     from aiayn.runtime import cpu
     from aiayn.runtime.precision import auto_inference_dtype
 
     monkeypatch.setattr(cpu, "onednn_int8", lambda: False)
+    monkeypatch.setattr(cpu, "fbgemm_int8", lambda: fbgemm)
     choice = auto_inference_dtype("cpu", frozenset(flags))
     assert (choice.dtype, choice.reason) == (dtype, reason)
 
 
-@pytest.mark.parametrize("flags, onednn, dtype, caveat", [
-    (("avx2",), True, "bf16", "dtype bf16: bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"),
-    (("avx512_bf16",), True, "bf16", "dtype bf16"),
-    (("avx2", "avx512_vnni"), True, "int8", "dtype int8"),
-    (("avx2",), True, "int8", "dtype int8: this CPU has no VNNI or AMX: int8 runs with 7-bit weights, faster than "
-                              "fp32 in batches, slower one sentence at a time"),
-    (("avx2",), False, "int8", "dtype int8: this torch has no oneDNN int8 kernel; int8 runs on a reference loop, "
-                               "slower than fp32"),
-    (("avx2",), False, "fp32", "dtype fp32"),
+@pytest.mark.parametrize("flags, onednn, fbgemm, dtype, caveat", [
+    (("avx2",), True, True, "bf16",
+     "dtype bf16: bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"),
+    (("avx512_bf16",), True, True, "bf16", "dtype bf16"),
+    (("avx2", "avx512_vnni"), True, True, "int8", "dtype int8"),
+    (("avx2", "avx512_vnni"), True, False, "int8", "dtype int8"),
+    (("avx2",), True, True, "int8", "dtype int8"),  # fbgemm's kernel
+    (("avx2",), False, True, "int8", "dtype int8"),
+    (("avx2",), True, False, "int8", "dtype int8: this CPU has no VNNI or AMX: int8 runs with oneDNN's 7-bit "
+                                     "weights, faster than fp32 in batches, slower one sentence at a time"),
+    (("avx2",), False, False, "int8", "dtype int8: this torch has no oneDNN or fbgemm int8 kernel; int8 runs on a "
+                                      "reference loop, slower than fp32"),
+    (("avx2",), False, False, "fp32", "dtype fp32"),
 ])
-def test_an_explicit_dtype_that_is_slow_here_says_so(monkeypatch: pytest.MonkeyPatch, flags, onednn, dtype, caveat):
+def test_an_explicit_dtype_that_is_slow_here_says_so(monkeypatch: pytest.MonkeyPatch, flags, onednn, fbgemm, dtype,
+                                                     caveat):
     from aiayn.runtime import cpu
     from aiayn.runtime.precision import resolve_inference_dtype
 
     _flags(monkeypatch, *flags)
     monkeypatch.setattr(cpu, "onednn_int8", lambda: onednn)
+    monkeypatch.setattr(cpu, "fbgemm_int8", lambda: fbgemm)
     assert resolve_inference_dtype(dtype, "cpu").describe() == caveat
     assert resolve_inference_dtype(dtype, "meta").describe() == f"dtype {dtype}"  # not a CPU: no caveat
 
 
 @pytest.mark.parametrize("flags, dtype, reason", DTYPE_AUTO_CASES)
 def test_dtype_auto_on_the_cpu_follows_its_flags(monkeypatch: pytest.MonkeyPatch, flags, dtype, reason):
+    from aiayn.runtime import cpu
     from aiayn.runtime.precision import DTYPE_ENV, auto_inference_dtype, resolve_inference_dtype
 
+    monkeypatch.setattr(cpu, "onednn_int8", lambda: True)  # a torch with both int8 kernels
+    monkeypatch.setattr(cpu, "fbgemm_int8", lambda: True)
     assert auto_inference_dtype("cpu", frozenset(flags)).dtype == dtype
     monkeypatch.delenv(DTYPE_ENV, raising=False)
     _flags(monkeypatch, *flags)
@@ -325,7 +340,7 @@ def test_onednn_isa_narrows_the_flags_the_precision_choices_read(isa: str, expec
 
 @pytest.mark.parametrize("isa, dtype, reason", [
     ("", "int8", "AMX"), ("AVX512_CORE_BF16", "int8", "AVX-512 VNNI"), ("AVX512_CORE_VNNI", "int8", "AVX-512 VNNI"),
-    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "fp32", "no VNNI or bf16 units"),
+    ("AVX2_VNNI", "int8", "AVX-VNNI"), ("AVX2", "int8", "fbgemm's int8 kernel"),
     ("AVX", "fp32", "no VNNI or bf16 units")])
 def test_an_emulated_cpu_kind_gets_that_kind_s_dtype(monkeypatch: pytest.MonkeyPatch, tmp_path, isa, dtype, reason):
     """cpu_flags() applies $ONEDNN_MAX_CPU_ISA as it reads the CPU: the choice is the kind's."""

@@ -1,5 +1,5 @@
-"""int8 inference (aiayn.inference.quantize): the quantizer's golden values, both kernels
-against an integer reference, the quantization error of a layer and of a whole optimized
+"""int8 inference (aiayn.inference.quantize): the quantizer's golden values, every kernel
+against an integer reference, the kernel chosen per CPU kind, the quantization error of a layer and of a whole optimized
 model, decoding with the cache against recomputation, and the errors."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from aiayn.inference.adapters import IncrementalDecoder, RecomputingDecoder
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import beam_search
 from aiayn.model import build_model
+from aiayn.runtime import cpu
 
-KERNELS = ["int_mm"] + (["onednn"] if Q.onednn_int8() else [])
+KERNELS = ["int_mm"] + (["onednn"] if cpu.onednn_int8() else []) + (["fbgemm"] if cpu.fbgemm_int8() else [])
 
 
 def test_quantize_rows_golden() -> None:
@@ -31,9 +32,10 @@ def test_quantize_rows_golden() -> None:
     assert Q._as_uint8(full.clone()).tolist() == [[0, 1, 127, 128, 129, 255]]
 
 
-def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The scheme spelled out with an int64 matmul."""
-    x8, xs = Q.quantize_rows(x)
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               input_qmax: float = 127.0) -> torch.Tensor:
+    """The scheme spelled out with an int64 matmul (inputs to +-``input_qmax``)."""
+    x8, xs = Q.quantize_rows(x, input_qmax)
     w8, ws = Q.quantize_rows(weight)
     acc = (x8.long() @ w8.long().t()).float()
     y = acc * ws[:, 0] * xs
@@ -50,9 +52,10 @@ def test_int8_linear_matches_the_integer_reference(kernel: str, shape: tuple[int
     q = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
     with torch.no_grad():
         out = q(x)
-        expected = _reference(x.reshape(-1, k), lin.weight, lin.bias).view(2, m, n)
+        expected = _reference(x.reshape(-1, k), lin.weight, lin.bias, q.input_qmax).view(2, m, n)
     assert out.shape == (2, m, n) and out.dtype == torch.float32
-    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert q.input_qmax == (63.0 if kernel == "fbgemm" else 127.0)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_int8_linear_error_is_the_quantization_error() -> None:
@@ -67,16 +70,39 @@ def test_int8_linear_error_is_the_quantization_error() -> None:
     assert 1e-4 < rel < 0.02
 
 
-def test_the_two_kernels_agree() -> None:
-    if len(KERNELS) < 2:
-        pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
+@pytest.mark.parametrize("kernel", ["onednn", "fbgemm"])
+def test_each_library_kernel_agrees_with_int_mm(kernel: str) -> None:
+    """The same weights and input range through a library's kernel and through torch._int_mm."""
+    if kernel not in KERNELS:
+        pytest.skip(f"platform: {kernel}'s int8 linear is not in this torch build")
     torch.manual_seed(1)
     lin = nn.Linear(40, 72)
     x = torch.randn(9, 40)
     with torch.no_grad():
-        a = Q.Int8Linear(lin.weight, lin.bias, kernel="onednn")(x)
-        b = Q.Int8Linear(lin.weight, lin.bias, kernel="int_mm")(x)
-    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        layer = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
+        plain = Q.Int8Linear(lin.weight, lin.bias, kernel="int_mm")
+        plain.input_qmax = layer.input_qmax
+        torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("flags", "available", "expected"), [
+    ({"avx2", "avx512f", "avx512_vnni"}, ("onednn", "fbgemm"), "onednn"),  # int8 dot products: oneDNN
+    ({"avx2", "avx_vnni"}, ("onednn", "fbgemm"), "onednn"),
+    ({"avx2", "amx_tile", "amx_int8"}, ("onednn", "fbgemm"), "onednn"),
+    ({"avx2"}, ("onednn", "fbgemm"), "fbgemm"),  # none: fbgemm
+    ({"avx2", "avx512f"}, ("onednn", "fbgemm"), "fbgemm"),
+    ({"avx2", "avx512_vnni"}, ("fbgemm",), "fbgemm"),  # the other library where one is missing
+    ({"avx2"}, ("onednn",), "onednn"),
+    ({"avx2", "avx512_vnni"}, (), "int_mm"),
+    ({"sse4_2"}, ("fbgemm",), "int_mm"),  # fbgemm's kernels need AVX2
+    ({"sse4_2"}, ("onednn", "fbgemm"), "onednn"),
+    (set(), (), "int_mm"),
+])
+def test_the_kernel_per_cpu_kind(monkeypatch: pytest.MonkeyPatch, flags: set[str], available: tuple[str, ...],
+                                 expected: str) -> None:
+    monkeypatch.setattr(cpu, "onednn_int8", lambda: "onednn" in available)
+    monkeypatch.setattr(cpu, "fbgemm_int8", lambda: "fbgemm" in available)
+    assert cpu.int8_kernel(frozenset(flags)) == expected
 
 
 def _model(seed: int = 0, **overrides):
@@ -214,11 +240,12 @@ def test_onednn_kernel_wherever_torch_has_it(monkeypatch: pytest.MonkeyPatch, mk
     if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: mkldnn)
-    assert Q.onednn_int8() is expected
+    assert cpu.onednn_int8() is expected
 
 
 @pytest.mark.parametrize(("exact", "kernel", "qmax"), [
-    (True, "onednn", 127.0), (False, "onednn", 63.0), (True, "int_mm", 127.0), (False, "int_mm", 127.0)])
+    (True, "onednn", 127.0), (False, "onednn", 63.0), (True, "int_mm", 127.0), (False, "int_mm", 127.0),
+    (True, "fbgemm", 127.0), (False, "fbgemm", 127.0)])
 def test_weights_lose_one_bit_only_where_onednn_would_saturate(monkeypatch: pytest.MonkeyPatch, exact: bool,
                                                                kernel: str, qmax: float) -> None:
     monkeypatch.setattr(Q, "full_range_exact", lambda: exact)
@@ -232,10 +259,10 @@ def test_weights_lose_one_bit_only_where_onednn_would_saturate(monkeypatch: pyte
     assert torch.equal(layer.weight_scale, ws[:, 0])
     assert int(w8.abs().max()) == int(qmax)  # each row's largest weight reaches the range's end
     x = torch.randn(7, 48) * 2
-    x8, xs = Q.quantize_rows(x)
+    x8, xs = Q.quantize_rows(x, layer.input_qmax)
     expected = (x8.long() @ w8.long().t()).float() * ws[:, 0] * xs + lin.bias.detach()
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), expected, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_quantize_rows_to_seven_bits_golden() -> None:
@@ -247,12 +274,11 @@ _SATURATING_CPU = """
 import torch
 from torch import nn
 from aiayn.inference import quantize as Q
-assert Q.KERNEL == "onednn"
 print("exact", Q.full_range_exact())
 torch.manual_seed(0)
 lin = nn.Linear(256, 64)
 x = torch.randn(33, 256) * 4
-layer = Q.Int8Linear(lin.weight, lin.bias)
+layer = Q.Int8Linear(lin.weight, lin.bias, kernel="onednn")
 for qmax, y in ((Q.weight_qmax("onednn"), layer(x)), (127.0, None)):
     w8, ws = Q.quantize_rows(lin.weight.detach(), qmax)
     x8, xs = Q.quantize_rows(x)
@@ -277,7 +303,7 @@ def test_int8_is_exact_on_a_cpu_without_vnni(isa: str, expected: list[str] | Non
     import subprocess
     import sys
 
-    if not Q.onednn_int8():
+    if not cpu.onednn_int8():
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else {
         k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
@@ -288,6 +314,46 @@ def test_int8_is_exact_on_a_cpu_without_vnni(isa: str, expected: list[str] | Non
         expected = ["exact True", "127.0 True", "127.0 True"] if exact else ["exact False", "63.0 True",
                                                                              "127.0 False"]
     assert out == expected
+
+
+_FBGEMM_WORST_CASE = """
+import torch
+from torch import nn
+from aiayn.inference import quantize as Q
+print("kernel", Q.KERNEL)
+k = 256
+cases = [(torch.full((8, k), 0.5), torch.full((4, k), 3.0)),  # the largest product pairs: 127 * 127 * 2
+         (torch.full((8, k), 0.5), torch.full((4, k), -3.0)),
+         (torch.randn(64, k), torch.randn(33, k) * 4)]
+for weight, x in cases:
+    layer = Q.Int8Linear(weight, None, kernel="fbgemm")
+    w8, ws = Q.quantize_rows(weight, 127.0)
+    x8, xs = Q.quantize_rows(x, 63.0)
+    ref = (x8.long() @ w8.long().t()).double() * ws[:, 0].double() * xs.double()
+    print(bool(torch.allclose(layer(x).double(), ref, rtol=1e-6, atol=1e-4)))
+"""
+
+
+@pytest.mark.parametrize(("isa", "expected_kernel"), [("AVX2", "fbgemm"), ("", None)])
+def test_fbgemm_is_exact_at_full_weight_range_without_vnni(isa: str, expected_kernel: str | None) -> None:
+    """fbgemm narrowed to AVX2 (``FBGEMM_ENABLE_INSTRUCTIONS``, with oneDNN's and ATen's
+    narrowing) runs an AVX2-only CPU's saturating kernel: there the layers choose fbgemm, and
+    its 7-bit inputs times full-range weights match the integer reference at the largest
+    products; on this CPU as it is, too."""
+    import os
+    import subprocess
+    import sys
+
+    if not cpu.fbgemm_int8():
+        pytest.skip("platform: fbgemm's int8 linear is not in this torch build")
+    narrowing = {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+    env = {k: v for k, v in os.environ.items() if k not in narrowing}
+    if isa:
+        env.update(narrowing)
+    out = subprocess.run([sys.executable, "-c", _FBGEMM_WORST_CASE], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")[:4]
+    expected_kernel = expected_kernel or Q.KERNEL
+    assert out == [f"kernel {expected_kernel}", "True", "True", "True"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -356,5 +422,5 @@ def test_with_int_mm_refuses_a_weight_that_unpacks_to_another_shape() -> None:
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
     layer = Q.Int8Linear(torch.randn(5, 3), kernel="onednn")
     layer.packed_weight = torch.zeros(5, 3, dtype=torch.int8)  # (N, K): a layout not oneDNN's
-    with pytest.raises(RuntimeError, match=r"^Int8Linear: oneDNN's weight unpacks to \(5, 3\), not \(3, 5\)$"):
+    with pytest.raises(RuntimeError, match=r"^Int8Linear: the onednn weight unpacks to \(5, 3\), not \(3, 5\)$"):
         layer.with_int_mm()

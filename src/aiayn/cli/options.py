@@ -28,7 +28,7 @@ DECODE_TITLE = ("decoding (default: the checkpoint's decode section; paper: beam
 CHECKPOINT_HELP = "checkpoint directory, run directory (its last checkpoint) or last/best pointer"
 DEVICE_HELP = "cpu | cuda | cuda:N | auto (default cpu)"
 DTYPE_HELP = ("auto (default: the fastest precision of this device that keeps fp32's quality: on a CPU int8 "
-              "with VNNI or AMX, else bf16 with AVX-512 BF16, else fp32; on a GPU bf16 "
+              "with VNNI or AMX, else bf16 with AVX-512 BF16, else int8 with AVX2 (fbgemm), else fp32; on a GPU bf16 "
               f"from compute capability 8.0, else fp16; printed on stderr; ${DTYPE_ENV} pins it), fp32, bf16 (CPU "
               "or GPU), fp16 (GPU only) or int8 (CPU only: int8 weights and per-token int8 inputs for every linear "
               "layer); a precision that is slow on this device says so on stderr")

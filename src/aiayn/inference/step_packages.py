@@ -72,9 +72,13 @@ def _named_tensors(module: nn.Module) -> Iterator[tuple[str, Tensor]]:
 
 
 def weights_fingerprint(modules: Iterable[nn.Module]) -> str:
-    """SHA-256 of the names, dtypes, shapes and values of every tensor in ``modules``."""
+    """SHA-256 of the names, dtypes, shapes and values of every tensor in ``modules``, and of
+    the input range of their int8 layers."""
     digest = hashlib.sha256()
     for i, module in enumerate(modules):
+        for name, m in module.named_modules():  # int8 layers: their inputs' range too
+            if isinstance(m, Int8Linear):
+                digest.update(f"{i}:{name}:input_qmax={m.input_qmax};".encode())
         for name, t in _named_tensors(module):
             if t.layout == torch._mkldnn:  # type: ignore[attr-defined]  # oneDNN's packed layout
                 t = t.to_dense()

@@ -20,6 +20,8 @@ from aiayn.runtime.cpu import (
     cpu_flags,
     cpu_kind,
     cpu_native_bf16,
+    fbgemm_int8,
+    int8_kernel,
     narrowed_flags,
     onednn_int8,
 )
@@ -55,7 +57,7 @@ __all__ = [
     "on_a_passing_thread", "set_threads", "tune_allocator",
     # cpu
     "CPUINFO", "CPU_KINDS", "ISA_NARROWING_ENV", "ONEDNN_ISA_ENV", "cpu_flags", "cpu_kind", "cpu_native_bf16",
-    "narrowed_flags", "onednn_int8",
+    "fbgemm_int8", "int8_kernel", "narrowed_flags", "onednn_int8",
     # devices
     "cuda_fp16_tensor_cores", "cuda_native_bf16", "resolve_device",
     # precision

@@ -66,9 +66,10 @@ def narrowed_flags(flags: frozenset[str], max_isa: str) -> frozenset[str]:
 CPU_KINDS = (("AMX", ("amx_tile", "amx_int8", "amx_bf16")), ("AVX-512 BF16", ("avx512_bf16",)),
              ("AVX-512 VNNI", ("avx512_vnni",)), ("AVX-VNNI", ("avx_vnni",)), ("AVX-512", ("avx512f",)),
              ("AVX2", ("avx2",)))
-# Variables that narrow the instruction sets torch, oneDNN, MKL and CTranslate2 use: set, they make
+# Variables that narrow the instruction sets torch, oneDNN, MKL, fbgemm and CTranslate2 use: set, they make
 # this CPU behave as a less capable kind (figures taken so are labelled emulated).
-ISA_NARROWING_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
+ISA_NARROWING_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                     "FBGEMM_ENABLE_INSTRUCTIONS", "CT2_FORCE_CPU_ISA")
 
 
 def cpu_kind(flags: frozenset[str] | set[str] | None = None) -> str:
@@ -95,3 +96,30 @@ def onednn_int8() -> bool:
     import torch
 
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.onednn, "qlinear_pointwise")
+
+
+def fbgemm_int8() -> bool:
+    """Whether torch has fbgemm's int8 linear over float inputs with given scales (x86 builds)."""
+    import torch
+
+    return ("fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32"))
+
+
+# Instructions that multiply and add uint8 x int8 pairs into 32 bits (VNNI, AMX's tiles).
+INT8_DOT_PRODUCTS = frozenset({"amx_int8", "amx_tile", "avx512_vnni", "avx_vnni"})
+
+
+def int8_kernel(flags: frozenset[str] | set[str] | None = None) -> str:
+    """The int8 linear kernel for this CPU (``flags``: default :func:`cpu_flags`), as
+    :mod:`aiayn.inference.quantize` names them: ``onednn`` where the CPU has int8 dot products,
+    ``fbgemm`` where it has not but has AVX2 (its kernels are faster there: docs/results.md),
+    the other of the two where one is missing, ``int_mm`` (a reference loop on most CPUs) where
+    torch has neither."""
+    flags = cpu_flags() if flags is None else flags
+    onednn, fbgemm = onednn_int8(), fbgemm_int8() and "avx2" in flags
+    if onednn and flags & INT8_DOT_PRODUCTS:
+        return "onednn"
+    if fbgemm:
+        return "fbgemm"
+    return "onednn" if onednn else "int_mm"

@@ -78,17 +78,17 @@ class DtypeChoice:
         return f"dtype {self.dtype}: {self.caveat}" if self.caveat else f"dtype {self.dtype}"
 
 
-# `--dtype auto` on a CPU, by kind: the first row whose flags the CPU has (any of them) decides.
-# Measured per kind in docs/results.md ("Precision per CPU kind"): with int8 dot products (VNNI,
-# AMX) int8 is the fastest precision. Without them oneDNN's int8 matmul needs 7-bit weights
-# (aiayn.inference.quantize) and does not beat float32 one sentence at a time: fp32 there, and
-# bf16 wins only where int8 cannot run.
+# `--dtype auto` on a CPU, by kind: the first row whose flags the CPU has (any of them) decides,
+# where oneDNN's int8 kernel runs. Measured per kind in docs/results.md ("Precision per CPU
+# kind"): with int8 dot products (VNNI, AMX) int8 is the fastest precision. Without them, bf16
+# where the CPU has bf16 units, else int8 again where fbgemm's kernel runs (AVX2 and later:
+# faster than float32 one sentence at a time and in batches), else fp32.
 CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("amx_int8", "amx_tile"), "int8", "AMX"),
     (("avx512_vnni",), "int8", "AVX-512 VNNI"),
     (("avx_vnni",), "int8", "AVX-VNNI"),
 )
-INT8_DOT_PRODUCTS = frozenset(flag for needs, _, _ in CPU_AUTO_DTYPES for flag in needs)
+INT8_DOT_PRODUCTS = cpu.INT8_DOT_PRODUCTS
 
 
 def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[str] | set[str] | None = None
@@ -100,7 +100,8 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     CPU: int8 (int8 weights, per-token int8 inputs: ``aiayn.inference.quantize``) on the kinds
     of :data:`CPU_AUTO_DTYPES`, those with int8 dot products; such an instruction does twice
     the multiply-adds of a bf16 one, and per-token scales keep BLEU with fp32's. Elsewhere (or
-    where torch has no oneDNN int8 kernel) bf16 where the CPU has bf16 units, else fp32. CUDA:
+    where torch has no oneDNN int8 kernel) bf16 where the CPU has bf16 units, else int8 where
+    fbgemm's kernel runs (:func:`aiayn.runtime.cpu.int8_kernel`), else fp32. CUDA:
     bf16 where the GPU computes it natively, else fp16. Any other device: fp32.
     """
     import torch
@@ -113,7 +114,8 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     if device.type != "cpu":
         return DtypeChoice("fp32", f"{device.type}: fp32 only")
     flags = cpu.cpu_flags() if flags is None else flags
-    if cpu.onednn_int8():
+    kernel = cpu.int8_kernel(flags)
+    if kernel == "onednn":
         for needs, dtype, reason in CPU_AUTO_DTYPES:
             if flags & set(needs):
                 return DtypeChoice(dtype, reason)
@@ -121,6 +123,8 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
         return DtypeChoice("bf16", "AVX-512 BF16")
     if "amx_bf16" in flags:
         return DtypeChoice("bf16", "AMX")
+    if kernel == "fbgemm":
+        return DtypeChoice("int8", "fbgemm's int8 kernel")
     return DtypeChoice("fp32", "no VNNI or bf16 units")
 
 
@@ -132,11 +136,12 @@ def _caveat(dtype: str, device: torch.device | str) -> str:
         return ""
     if dtype == "bf16" and not cpu.cpu_native_bf16():
         return "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"
-    if dtype == "int8" and not cpu.onednn_int8():
-        return "this torch has no oneDNN int8 kernel; int8 runs on a reference loop, slower than fp32"
-    if dtype == "int8" and not cpu.cpu_flags() & INT8_DOT_PRODUCTS:
-        return ("this CPU has no VNNI or AMX: int8 runs with 7-bit weights, faster than fp32 in batches, "
-                "slower one sentence at a time")
+    kernel = cpu.int8_kernel() if dtype == "int8" else ""
+    if kernel == "int_mm":
+        return "this torch has no oneDNN or fbgemm int8 kernel; int8 runs on a reference loop, slower than fp32"
+    if kernel == "onednn" and not cpu.cpu_flags() & INT8_DOT_PRODUCTS:
+        return ("this CPU has no VNNI or AMX: int8 runs with oneDNN's 7-bit weights, faster than fp32 in "
+                "batches, slower one sentence at a time")
     return ""
 
 
