@@ -155,13 +155,87 @@ def test_a_worker_that_dies_is_one_error(translators, english: list[str], monkey
     for process in pooled.engine._pool[1]._processes:
         process.kill()
         process.join()
-    with pytest.raises(RuntimeError, match=r"^decoding worker aiayn-search-\d ended before its batch was done"):
+    with pytest.raises(RuntimeError, match=r"^decoding worker aiayn-search-0 ended before its batch was done "
+                                           r"\(out of memory\?\)$"):
         pooled.translate(english)
 
 
 def test_fewer_than_two_workers_is_a_programming_error() -> None:
-    with pytest.raises(ValueError, match="2 or more"):
+    with pytest.raises(ValueError, match=r"^SearchWorkers needs 2 or more workers$"):
         W.SearchWorkers(lambda b, r: [], 1)
+
+
+def test_a_pool_starts_nothing_until_used_and_one_thread_each_by_default() -> None:
+    pool = W.SearchWorkers(lambda b, r: [], 2)
+    assert (pool.workers, pool.threads) == (2, 1)
+    pool.close()  # never started: nothing to stop
+    assert pool._processes == []
+
+
+def test_workers_are_daemons_named_in_order_and_logged(translators, english: list[str], caplog) -> None:
+    """Daemons: an interpreter that exits never waits for them."""
+    import logging
+
+    _, pooled = translators
+    with caplog.at_level(logging.INFO, logger=W.__name__):
+        pooled.translate(english[:2])
+    processes = pooled.engine._pool[1]._processes
+    assert [(p.name, p.daemon) for p in processes] == [("aiayn-search-0", True), ("aiayn-search-1", True)]
+    assert "decoding in 2 worker processes of 1 thread(s) each" in caplog.messages
+
+
+def test_a_request_travels_as_its_options_alone() -> None:
+    """What a worker receives: the texts, prefixes, constraints, callables and encoded sources
+    stay with the parent; every option is kept."""
+    import dataclasses
+    import pickle
+
+    from aiayn.config import DecodeConfig
+
+    request = TranslationRequest(["a b", "c"], DecodeConfig(beam=3, nbest=2), attention=True,
+                                 prefixes=["x", None], constraints=[None, None], best_effort=True, truncate=False,
+                                 first_number=7, attention_summary=lambda a: a, progress=print, sources=[[5], [6]])
+    portable = W._portable_request(request)
+    dropped = {"texts": (), "prefixes": None, "constraints": None, "progress": None, "sources": None,
+               "attention_summary": None}
+    for f in dataclasses.fields(request):
+        assert getattr(portable, f.name) == dropped.get(f.name, getattr(request, f.name)), f.name
+    assert pickle.loads(pickle.dumps(portable)).decode == request.decode
+
+
+def test_an_idle_worker_waits_for_its_task_and_passes_the_request(monkeypatch) -> None:
+    """A worker idles in slices of PARENT_CHECK_S, looking whether its parent is there (an
+    orphan stops), and hands the search each task's own request."""
+    monkeypatch.setattr(W, "PARENT_CHECK_S", 0.01)
+    tasks, results = queue.Queue(), queue.Queue()
+    seen: list = []
+    request = object()
+    parent = os.getppid()
+    calls = {"n": 0}
+
+    def getppid() -> int:  # the parent is gone after 50 looks: a blocking wait would never look again
+        calls["n"] += 1
+        return parent if calls["n"] <= 50 else parent + 10**6
+
+    def feed() -> None:
+        threading.Event().wait(0.1)
+        tasks.put((0, ["batch"], request))
+
+    monkeypatch.setattr(W.os, "getppid", getppid)
+    ended = threading.Event()
+
+    def serve() -> None:
+        W._serve(lambda b, r: seen.append(r) or [b], tasks, results, type("V", (), {"value": 0})(), 1, parent)
+        ended.set()
+
+    before = torch.get_num_threads()
+    threading.Thread(target=feed, daemon=True).start()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    torch.set_num_threads(before)
+    assert ended.is_set() and calls["n"] > 50
+    assert results.get_nowait() == (0, True, [["batch"]]) and seen == [request]
 
 
 ORPHAN = """
