@@ -417,6 +417,30 @@ def test_with_int_mm_unpacks_onednn_weights_exactly() -> None:
     assert plain.with_int_mm() is plain
 
 
+@pytest.mark.parametrize("kernel", ["onednn", "fbgemm", "int_mm"])
+def test_int8_weight_unpacks_each_kernel_s_layout_exactly(kernel: str) -> None:
+    """The (N, K) int8 weight back from every kernel's layout, and the int_mm twin over it:
+    the same outputs as the layer (an fbgemm twin keeps its 7-bit input range)."""
+    if kernel not in KERNELS:
+        pytest.skip(f"platform: {kernel}'s int8 linear is not in this torch build")
+    torch.manual_seed(8)
+    lin = nn.Linear(24, 10)
+    layer = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
+    w8, _ = Q.quantize_rows(lin.weight.detach(), Q.weight_qmax(kernel))
+    assert layer.int8_weight().dtype == torch.int8 and torch.equal(layer.int8_weight(), w8)
+    twin = layer.with_int_mm()
+    assert twin.kernel == "int_mm" and twin.input_qmax == layer.input_qmax
+    assert torch.equal(twin.packed_weight, w8.t())
+    x = torch.randn(6, 24) * 2
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), layer(x), rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_kernel_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"^Int8Linear: unknown kernel 'avx' \(onednn, fbgemm, int_mm\)$"):
+        Q.Int8Linear(torch.randn(5, 3), kernel="avx")
+
+
 def test_with_int_mm_refuses_a_weight_that_unpacks_to_another_shape() -> None:
     if "onednn" not in KERNELS:
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
