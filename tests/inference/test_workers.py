@@ -184,6 +184,26 @@ def test_workers_are_daemons_named_in_order_and_logged(translators, english: lis
     assert "decoding in 2 worker processes of 1 thread(s) each" in caplog.messages
 
 
+def test_closing_kills_a_worker_stuck_in_a_search(monkeypatch) -> None:
+    """A worker that does not end within STOP_S of being told to (a search that never
+    returns) is killed: closing never waits on it for ever."""
+    monkeypatch.setattr(W, "STOP_S", 0.2)
+    pool = W.SearchWorkers(lambda b, r: threading.Event().wait(), 2)
+    pool._start()
+    processes = list(pool._processes)
+    for k in range(2):
+        pool._tasks.put((k, ["stuck"], None))
+    closed = threading.Event()
+
+    def close() -> None:
+        pool.close()
+        closed.set()
+
+    threading.Thread(target=close, daemon=True).start()
+    assert closed.wait(timeout=30)
+    assert not any(p.is_alive() for p in processes) and pool._processes == []
+
+
 def test_a_request_travels_as_its_options_alone() -> None:
     """What a worker receives: the texts, prefixes, constraints, callables and encoded sources
     stay with the parent; every option is kept."""

@@ -28,6 +28,7 @@ from aiayn.inference.request import EncodedSentence, TranslationRequest
 log = logging.getLogger(__name__)
 
 PARENT_CHECK_S = 1.0  # how often an idle worker looks whether its parent is still there
+STOP_S = 5.0  # how long closing waits for a worker to end before it kills the worker
 
 
 def _portable_request(request: TranslationRequest) -> TranslationRequest:
@@ -144,7 +145,8 @@ class SearchWorkers:
             if process.is_alive():
                 self._tasks.put(None)
         for process in self._processes:
-            process.join(timeout=5)
+            process.join(timeout=STOP_S)
             if process.is_alive():
                 process.kill()
+                process.join()  # reaped: no zombie left behind
         self._processes = []
