@@ -1,0 +1,119 @@
+"""The decoding engine's loading and worker pools (aiayn.inference.engine): which member's
+tokenizer and configuration an ensemble or an average keeps, what it logs, and when a pool of
+worker processes is replaced; checked with stand-ins for the checkpoints and the processes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from aiayn.errors import CheckpointError
+from aiayn.inference import engine as E
+
+
+class _Tokenizer:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def model_bytes(self) -> bytes:
+        return b"one vocabulary"
+
+    def __repr__(self) -> str:
+        return f"Tokenizer({self.name})"
+
+
+def _members(monkeypatch: pytest.MonkeyPatch, names: list[str]) -> dict[str, SimpleNamespace]:
+    """Loading path ``p`` gives a stand-in checkpoint whose model, tokenizer and config name it."""
+    members = {p: SimpleNamespace(path=Path(p), model=f"model {p}", tokenizer=_Tokenizer(p), config=f"config {p}")
+               for p in names}
+    monkeypatch.setattr(E, "_load_with_tokenizer", lambda p: members[str(p)])
+    return members
+
+
+def test_no_checkpoint_is_one_error() -> None:
+    with pytest.raises(CheckpointError, match=r"^no checkpoint given$"):
+        E.load_models([])
+
+
+def test_an_ensemble_keeps_every_model_and_the_last_tokenizer_and_config(monkeypatch, caplog) -> None:
+    _members(monkeypatch, ["a", "b", "c"])
+    with caplog.at_level(logging.INFO, logger=E.__name__):
+        loaded = E.load_models(["a", "b", "c"], ensemble=True)
+    assert loaded.models == ["model a", "model b", "model c"]
+    assert (repr(loaded.tokenizer), loaded.config) == ("Tokenizer(c)", "config c")
+    assert caplog.messages == ["loaded an ensemble of a, b, c (Tokenizer(c))"]
+
+
+def test_an_ensemble_checks_its_tokenizers(monkeypatch) -> None:
+    members = _members(monkeypatch, ["a", "b"])
+    members["a"].tokenizer.model_bytes = lambda: b"another vocabulary"
+    with pytest.raises(CheckpointError, match=r"^a and b: different tokenizers; "):
+        E.load_models(["a", "b"], ensemble=True)
+
+
+def test_one_checkpoint_is_loaded_without_averaging(monkeypatch, caplog) -> None:
+    _members(monkeypatch, ["a"])
+    monkeypatch.setattr(E, "average_weights", lambda paths: pytest.fail("one checkpoint averaged"))
+    with caplog.at_level(logging.INFO, logger=E.__name__):
+        loaded = E.load_models(["a"])
+    assert (loaded.models, repr(loaded.tokenizer), loaded.config) == (["model a"], "Tokenizer(a)", "config a")
+    assert caplog.messages == ["loaded a (Tokenizer(a))"]
+
+
+class _Pool:
+    """A stand-in for SearchWorkers: what it was given, and whether it was closed."""
+
+    made: list[_Pool] = []
+
+    def __init__(self, search, workers: int, threads: int) -> None:
+        self.search, self.workers, self.threads, self.closed = search, workers, threads, False
+        _Pool.made.append(self)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch):
+    """An engine (only its pool bookkeeping is used) whose worker pools are stand-ins."""
+    monkeypatch.setattr(E, "SearchWorkers", _Pool)
+    _Pool.made = []
+    engine = object.__new__(E.DecodingEngine)
+    engine._workers, engine._pool = (1, 0), None
+    return engine
+
+
+def test_use_workers_takes_one_thread_each_by_default(engine) -> None:
+    engine.use_workers(3)
+    assert engine._workers == (3, 1)
+    engine.use_workers(2, threads=2)
+    assert engine._workers == (2, 2)
+
+
+def test_a_pool_is_kept_while_its_workers_and_shortlist_stay(engine) -> None:
+    shortlist = object()
+    engine.use_workers(2)
+    pool = engine._worker_pool(shortlist)
+    assert (pool.workers, pool.threads) == (2, 1)
+    engine.use_workers(2)  # the same again: kept
+    assert engine._worker_pool(shortlist) is pool and not pool.closed
+    engine.use_workers(3)  # another count: closed, the next request forks anew
+    assert pool.closed and engine._pool is None
+    again = engine._worker_pool(shortlist)
+    assert again is not pool and (again.workers, again.threads) == (3, 1)
+    other = engine._worker_pool(object())  # another shortlist: the workers must hold it
+    assert again.closed and other is not again and engine._pool[1] is other
+
+
+def test_a_worker_searches_with_the_pool_s_shortlist(engine, monkeypatch) -> None:
+    shortlist = object()
+    seen: list = []
+    monkeypatch.setattr(engine, "search", lambda batch, request, shortlist=None, decoder=None:
+                        seen.append((batch, request, shortlist)) or ["hypotheses"], raising=False)
+    engine.use_workers(2)
+    pool = engine._worker_pool(shortlist)
+    assert pool.search(["batch"], "request") == ["hypotheses"]
+    assert seen == [(["batch"], "request", shortlist)]
