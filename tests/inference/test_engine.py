@@ -117,3 +117,40 @@ def test_a_worker_searches_with_the_pool_s_shortlist(engine, monkeypatch) -> Non
     pool = engine._worker_pool(shortlist)
     assert pool.search(["batch"], "request") == ["hypotheses"]
     assert seen == [(["batch"], "request", shortlist)]
+
+
+@pytest.mark.parametrize(("flags", "exact"), [({"avx2", "avx512_vnni"}, False), ({"avx2"}, True)])
+def test_int8_steps_stay_eager_where_int_mm_is_slow_or_inexact(tiny_checkpoint: Path, monkeypatch, caplog,
+                                                                flags: set[str], exact: bool) -> None:
+    """Compiled int8 steps run torch._int_mm: a reference loop without int8 dot products, and
+    inexact where it saturates. There the engine keeps the eager steps, says so once, and
+    `--compile auto` never estimates that compiling pays."""
+    from aiayn.inference import quantize as Q
+    from aiayn.inference.translator import Translator
+    from aiayn.runtime import cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(Q, "int_mm_exact", lambda input_qmax, weight_qmax: exact)
+    with caplog.at_level(logging.WARNING, logger=E.__name__):
+        translator = Translator.from_checkpoint(tiny_checkpoint, dtype="int8", compile=True)
+    assert not translator.engine.steps_compile_well and not translator.compiled
+    assert caplog.messages == ["int8 decoding steps are not compiled on a CPU without VNNI or AMX (torch._int_mm, "
+                               "which they would run, is slow or inexact there); decoding with the eager steps"]
+    assert translator.engine.compile_pays(10**6, per_source=4) is False
+    fp32 = Translator.from_checkpoint(tiny_checkpoint, dtype="fp32")
+    assert fp32.engine.steps_compile_well  # no int8 layer: nothing to run slowly
+
+
+def test_int8_steps_compile_with_int8_dot_products_and_exact_ranges(tiny_checkpoint: Path, monkeypatch) -> None:
+    from aiayn.inference import quantize as Q
+    from aiayn.inference.translator import Translator
+    from aiayn.runtime import cpu
+
+    ranges: list[tuple[float, float]] = []
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+    monkeypatch.setattr(Q, "int_mm_exact", lambda input_qmax, weight_qmax: ranges.append(
+        (input_qmax, weight_qmax)) is None)
+    translator = Translator.from_checkpoint(tiny_checkpoint, dtype="int8")
+    assert translator.engine.steps_compile_well
+    layer = next(m for m in translator.engine.model.modules() if isinstance(m, Q.Int8Linear))
+    assert (layer.input_qmax, Q.weight_qmax(layer.kernel)) in ranges

@@ -20,6 +20,13 @@ from aiayn.runtime import cpu
 KERNELS = ["int_mm"] + (["onednn"] if cpu.onednn_int8() else []) + (["fbgemm"] if cpu.fbgemm_int8() else [])
 
 
+def _skip_a_saturating_int_mm(kernel: str, input_qmax: float = 127.0) -> None:
+    """torch._int_mm on oneDNN narrowed below VNNI (ONEDNN_MAX_CPU_ISA) saturates full-range
+    products; on a CPU of that kind torch runs an exact reference loop instead."""
+    if kernel == "int_mm" and not Q.int_mm_exact(input_qmax, 127.0):
+        pytest.skip("platform: torch._int_mm saturates here (oneDNN narrowed below VNNI)")
+
+
 def test_quantize_rows_golden() -> None:
     x = torch.tensor([[127.0, -64.0, 32.0, 0.0],
                       [254.0, 1.0, -3.0, 5.0],  # scale 2: 0.5 and -1.5 round to even
@@ -33,10 +40,11 @@ def test_quantize_rows_golden() -> None:
 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-               input_qmax: float = 127.0) -> torch.Tensor:
-    """The scheme spelled out with an int64 matmul (inputs to +-``input_qmax``)."""
+               input_qmax: float = 127.0, weight_qmax: float = 127.0) -> torch.Tensor:
+    """The scheme spelled out with an int64 matmul (inputs to +-``input_qmax``, weights to
+    +-``weight_qmax``)."""
     x8, xs = Q.quantize_rows(x, input_qmax)
-    w8, ws = Q.quantize_rows(weight)
+    w8, ws = Q.quantize_rows(weight, weight_qmax)
     acc = (x8.long() @ w8.long().t()).float()
     y = acc * ws[:, 0] * xs
     return y if bias is None else y + bias
@@ -45,6 +53,7 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", [(5, 16, 24), (1, 7, 3), (33, 64, 130)])
 def test_int8_linear_matches_the_integer_reference(kernel: str, shape: tuple[int, int, int]) -> None:
+    _skip_a_saturating_int_mm(kernel)
     torch.manual_seed(0)
     m, k, n = shape
     lin = nn.Linear(k, n)
@@ -52,7 +61,8 @@ def test_int8_linear_matches_the_integer_reference(kernel: str, shape: tuple[int
     q = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
     with torch.no_grad():
         out = q(x)
-        expected = _reference(x.reshape(-1, k), lin.weight, lin.bias, q.input_qmax).view(2, m, n)
+        expected = _reference(x.reshape(-1, k), lin.weight, lin.bias, q.input_qmax,
+                              Q.weight_qmax(kernel)).view(2, m, n)
     assert out.shape == (2, m, n) and out.dtype == torch.float32
     assert q.input_qmax == (63.0 if kernel == "fbgemm" else 127.0)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
@@ -75,6 +85,7 @@ def test_each_library_kernel_agrees_with_int_mm(kernel: str) -> None:
     """The same weights and input range through a library's kernel and through torch._int_mm."""
     if kernel not in KERNELS:
         pytest.skip(f"platform: {kernel}'s int8 linear is not in this torch build")
+    _skip_a_saturating_int_mm("int_mm", 63.0 if kernel == "fbgemm" else 127.0)
     torch.manual_seed(1)
     lin = nn.Linear(40, 72)
     x = torch.randn(9, 40)
@@ -140,10 +151,18 @@ def _assert_int8_log_prob_error(out: torch.Tensor, ref: torch.Tensor) -> None:
     (0.013); the bounds leave ~20% for other CPUs' float rounding (the integer products
     are exact, the quantizer deterministic). A 7-bit quantizer (127 -> 63) gives a max of
     0.108 and a mean of 0.022, rounding towards -inf instead of to nearest 0.113 / 0.023,
-    so a quantizer that loses even one bit fails here."""
+    so a quantizer that loses even one bit fails here. Where this CPU's kernel has a 7-bit
+    side (fbgemm's inputs, oneDNN's weights without VNNI): measured max 0.076 (0.083), mean
+    0.018 (0.021); bounds 0.10 and 0.025 (both sides at 7 bits fail the first)."""
     err = (out - ref).abs()
-    assert err.max() < 0.07, float(err.max())
-    assert err.mean() < 0.015, float(err.mean())
+    max_bound, mean_bound = (0.10, 0.025) if _seven_bit_side() else (0.07, 0.015)
+    assert err.max() < max_bound, float(err.max())
+    assert err.mean() < mean_bound, float(err.mean())
+
+
+def _seven_bit_side() -> bool:
+    """Whether the layers this CPU quantizes with take 7-bit inputs or weights."""
+    return Q.KERNEL == "fbgemm" or Q.weight_qmax(Q.KERNEL) < 127
 
 
 def _float_linear(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -160,8 +179,9 @@ def _float_linear(model: nn.Module, name: str) -> tuple[torch.Tensor, torch.Tens
 def test_every_int8_layer_of_an_optimized_model_has_the_quantization_error(heads: dict) -> None:
     """Each Int8Linear that runs in a forward pass, on the activations it really gets,
     against F.linear with the float weights it was made from: relative error 0.49-0.83%
-    measured (two 8-bit roundings), bound 1.2%. A layer made from the wrong weights (a
-    mixed-up Q/K/V, a missing bias) is off by ~100%; rounding towards -inf gives 1.3-2%."""
+    measured (two 8-bit roundings), bound 1.2%; with a 7-bit side up to 1.26%, bound 1.8%.
+    A layer made from the wrong weights (a mixed-up Q/K/V, a missing bias) is off by ~100%;
+    rounding towards -inf gives 1.3-2% (8 bits)."""
     model = _model(3, **heads)
     src, tgt = torch.randint(4, 40, (3, 9)), torch.randint(4, 40, (3, 7))
     optimized = optimize_for_inference(model, dtype=torch.int8)
@@ -186,7 +206,8 @@ def test_every_int8_layer_of_an_optimized_model_has_the_quantization_error(heads
     # Every layer that computes: fused QKV + W_O of 4 self-attentions, W_Q, W_K, W_V, W_O of
     # 2 cross-attentions, 2 FFN matrices of 4 layers, and the vocabulary projection.
     assert len(errors) == 4 * 2 + 2 * 4 + 4 * 2 + 1, sorted(errors)
-    assert all(1e-4 < e < 0.012 for e in errors.values()), errors
+    bound = 0.018 if _seven_bit_side() else 0.012
+    assert all(1e-4 < e < bound for e in errors.values()), errors
 
 
 @pytest.mark.parametrize("heads", [{}, {"d_k": 4, "d_v": 16}])  # Table 3 row (B): d_k != d_v
@@ -248,10 +269,12 @@ def test_onednn_kernel_wherever_torch_has_it(monkeypatch: pytest.MonkeyPatch, mk
     (True, "fbgemm", 127.0), (False, "fbgemm", 127.0)])
 def test_weights_lose_one_bit_only_where_onednn_would_saturate(monkeypatch: pytest.MonkeyPatch, exact: bool,
                                                                kernel: str, qmax: float) -> None:
+    saturates = "onednn" in KERNELS and not Q.full_range_exact()  # this CPU, before the probe is patched
     monkeypatch.setattr(Q, "full_range_exact", lambda: exact)
     assert Q.weight_qmax(kernel) == qmax
-    if kernel not in KERNELS:
-        return
+    if kernel not in KERNELS or kernel == "onednn" and exact and saturates:
+        return  # no such kernel here, or full-range weights through a saturating oneDNN
+    _skip_a_saturating_int_mm(kernel)
     torch.manual_seed(6)
     lin = nn.Linear(48, 20)
     layer = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
@@ -332,6 +355,32 @@ for weight, x in cases:
     ref = (x8.long() @ w8.long().t()).double() * ws[:, 0].double() * xs.double()
     print(bool(torch.allclose(layer(x).double(), ref, rtol=1e-6, atol=1e-4)))
 """
+
+
+_INT_MM_RANGES = """
+from aiayn.inference import quantize as Q
+print(Q.int_mm_exact(127.0, 127.0), Q.int_mm_exact(63.0, 127.0), Q.int_mm_exact(127.0, 63.0))
+"""
+
+
+@pytest.mark.parametrize(("isa", "expected"), [
+    ("AVX2", "False False True"),  # uint8-shifted inputs times weights: int16 pair sums saturate
+    ("", None),  # this CPU as it is: every range exact, or the AVX2 pattern
+])
+def test_int_mm_exactness_is_measured_per_range(isa: str, expected: str | None) -> None:
+    """torch._int_mm (what compiled int8 steps run) narrowed to AVX2 saturates full-range
+    products, and fbgemm's 7-bit inputs with 8-bit weights too; oneDNN's 7-bit weights fit."""
+    import os
+    import subprocess
+    import sys
+
+    if not cpu.onednn_int8():
+        pytest.skip("platform: torch._int_mm does not run on oneDNN in this torch build")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else {
+        k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+    out = subprocess.run([sys.executable, "-c", _INT_MM_RANGES], env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout.strip()
+    assert out in ((expected,) if expected else ("True True True", "False False True"))
 
 
 @pytest.mark.parametrize(("isa", "expected_kernel"), [("AVX2", "fbgemm"), ("", None)])
@@ -431,6 +480,8 @@ def test_int8_weight_unpacks_each_kernel_s_layout_exactly(kernel: str) -> None:
     twin = layer.with_int_mm()
     assert twin.kernel == "int_mm" and twin.input_qmax == layer.input_qmax
     assert torch.equal(twin.packed_weight, w8.t())
+    if not Q.int_mm_exact(layer.input_qmax, Q.weight_qmax(kernel)):
+        return  # the twin saturates on this CPU: compiled int8 steps are refused here (test_engine.py)
     x = torch.randn(6, 24) * 2
     with torch.no_grad():
         torch.testing.assert_close(twin(x), layer(x), rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from aiayn.errors import CheckpointError, ConfigError
+from aiayn.inference import quantize as Q
 from aiayn.inference.translator import Translator
 from aiayn.vocab import BOS_ID, EOS_ID
 
@@ -142,8 +143,10 @@ def _step_log_probs(tr: Translator, src_tokens: list[int], tokens: list[int]) ->
 
 
 # On the tiny_checkpoint fixture (12 sentences, 186 steps) the largest error of any
-# log-probability of any step against eager float32 is 0.055 in bf16 and 0.073 in int8.
+# log-probability of any step against eager float32 is 0.055 in bf16 and 0.073 in int8;
+# 0.122 in int8 with a 7-bit side (fbgemm's inputs, oneDNN's weights without VNNI).
 LOW_PRECISION_BOUND = {"bf16": 0.1, "int8": 0.12}
+SEVEN_BIT_INT8_BOUND = 0.16
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "int8"])
@@ -157,6 +160,8 @@ def test_low_precision_against_eager_fp32(tiny_checkpoint: Path, english: list[s
     from aiayn.checkpoint.directory import load_checkpoint
 
     bound = LOW_PRECISION_BOUND[dtype]
+    if dtype == "int8" and (Q.KERNEL == "fbgemm" or Q.weight_qmax(Q.KERNEL) < 127):
+        bound = SEVEN_BIT_INT8_BOUND
     eager = load_checkpoint(tiny_checkpoint).model.eval()
     ref = Translator.from_checkpoint(tiny_checkpoint).translate_detailed(english, beam=1)
     low = Translator.from_checkpoint(tiny_checkpoint, dtype=dtype)

@@ -41,6 +41,7 @@ from aiayn.inference.compiled import CompiledDecoder, compile_pays
 from aiayn.inference.cuda_graphs import CudaGraphDecoder, graphs_pay, uses_cuda_graphs
 from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.phrase_constraints import PhraseConstraint
+from aiayn.inference.quantize import Int8Linear
 from aiayn.inference.request import EncodedSentence, SourceLimits, TranslationRequest
 from aiayn.inference.search import DecoderModel, SearchHypothesis, SearchInputs, StepVocabulary, search
 from aiayn.inference.step_vocabulary import SENTENCES_PER_LIST, BatchVocabulary, SentenceVocabulary
@@ -150,11 +151,24 @@ class DecodingEngine:
             self._compiled = self._joined(self._compiled_members)
         return self._compiled
 
+    @property
+    def steps_compile_well(self) -> bool:
+        """Whether compiled steps are fast and compute what the eager ones do: false where an
+        int8 layer's exported form (``torch._int_mm``) would be slow or saturate on this CPU
+        (:meth:`~aiayn.inference.quantize.Int8Linear.compiles_well`)."""
+        return all(m.compiles_well() for o in self.optimized for part in (o.model, o.step_projection)
+                   for m in part.modules() if isinstance(m, Int8Linear))
+
     def use_compiled(self, warm_up: Callable[[DecoderModel], None] | None = None) -> None:
         """From now on decode with :meth:`compiled_decoder`. ``warm_up(decoder)`` runs first
         (e.g. a few searches), so that calls meanwhile from another thread (a server's) keep
-        the eager steps until the compiled ones are ready."""
+        the eager steps until the compiled ones are ready. Where compiled steps would be slow or
+        inexact (:attr:`steps_compile_well`), the steps stay eager, with a warning."""
         if self.compiled:
+            return
+        if not self.steps_compile_well:
+            log.warning("int8 decoding steps are not compiled on a CPU without VNNI or AMX (torch._int_mm, "
+                        "which they would run, is slow or inexact there); decoding with the eager steps")
             return
         decoder = self.compiled_decoder()
         if warm_up is not None:
@@ -168,6 +182,8 @@ class DecodingEngine:
         for ``per_source`` rows per sentence (the beam) in the compile cache."""
         if uses_cuda_graphs(self.device):
             return graphs_pay(lines)
+        if not self.steps_compile_well:
+            return False
         parameters = self.parameters["parameters"]
         if not compile_pays(lines, parameters, self.device, warm=True):
             return False  # too few lines even for a warm cache: no need to look for one

@@ -108,6 +108,21 @@ def full_range_exact() -> bool:
     return bool((y == _QMAX * _QMAX * k).all())
 
 
+@functools.cache
+def int_mm_exact(input_qmax: float, weight_qmax: float) -> bool:
+    """Whether ``torch._int_mm`` multiplies inputs of up to +-``input_qmax`` by weights of up to
+    +-``weight_qmax`` exactly on this CPU. Without int8 dot products, oneDNN (which runs it)
+    shifts the inputs to uint8 and sums pairs of products in a saturating int16, so large
+    ranges come out wrong. Measured once per pair of ranges, at their extremes."""
+    k = 64
+    weight = torch.full((k, 8), int(weight_qmax), dtype=torch.int8)
+    for sign in (1, -1):
+        x8 = torch.full((4, k), sign * int(input_qmax), dtype=torch.int8)
+        if not bool((torch._int_mm(x8, weight) == sign * int(input_qmax) * int(weight_qmax) * k).all()):
+            return False
+    return True
+
+
 def weight_qmax(kernel: str) -> float:
     """The largest integer a weight is quantized to for ``kernel``: 127, or 63 where oneDNN's
     products of full-range weights would saturate (module docstring)."""
@@ -185,6 +200,14 @@ class Int8Linear(nn.Module):
         if self.kernel == "fbgemm":
             return torch.ops.quantized.linear_unpack(self.packed_weight)[0].int_repr()
         return self.packed_weight.t()
+
+    def compiles_well(self) -> bool:
+        """Whether :meth:`with_int_mm`, what a compiled step runs, is fast and exact here:
+        ``torch._int_mm`` runs oneDNN's int8 kernels only on CPUs with int8 dot products
+        (elsewhere a reference loop, orders of magnitude slower), and must compute this layer's
+        ranges exactly (:func:`int_mm_exact`)."""
+        return bool(cpu.cpu_flags() & cpu.INT8_DOT_PRODUCTS) and int_mm_exact(self.input_qmax,
+                                                                              weight_qmax(self.kernel))
 
     def with_int_mm(self) -> Int8Linear:
         """The same layer computing with ``torch._int_mm``: the same integer products, over a
