@@ -154,3 +154,41 @@ def test_int8_steps_compile_with_int8_dot_products_and_exact_ranges(tiny_checkpo
     assert translator.engine.steps_compile_well
     layer = next(m for m in translator.engine.model.modules() if isinstance(m, Q.Int8Linear))
     assert (layer.input_qmax, Q.weight_qmax(layer.kernel)) in ranges
+
+
+def _hypotheses(hyps):
+    return [[(h.tokens, round(h.score, 5), None if h.attention is None else h.attention.tolist()) for h in sentence]
+            for sentence in hyps]
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_constraints_no_translation_meets_are_dropped_with_best_effort(tiny_checkpoint: Path, caplog,
+                                                                       attention: bool) -> None:
+    """A sentence whose required phrase cannot fit the length bound: the search finds nothing;
+    with ``best_effort`` that sentence alone is searched again, with its prefix and without
+    its constraints, and a warning names its number; without, ConstraintError."""
+    from aiayn.config import DecodeConfig
+    from aiayn.errors import ConstraintError
+    from aiayn.inference.request import EncodedSentence, TranslationRequest
+    from aiayn.inference.translator import Translator
+    from aiayn.vocab import EOS_ID
+
+    engine = Translator.from_checkpoint(tiny_checkpoint, dtype="fp32").engine
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=3)
+    free = EncodedSentence(0, [5, 6, 7, EOS_ID])
+    stuck = EncodedSentence(1, [8, 9, 10, 11, EOS_ID], prefix=[12], include=[[13, 14, 15, 16, 17, 18]])
+    request = TranslationRequest(["a", "b"], cfg, attention=attention, best_effort=True, first_number=5)
+    with caplog.at_level(logging.WARNING, logger=E.__name__):
+        got = engine.search([free, stuck], request)
+    assert caplog.messages == ["sentence 6: no translation within the length bound meets its constraints; "
+                               "translated without them"]
+    alone = engine.search([EncodedSentence(1, stuck.source, prefix=[12])], request)
+    first = engine.search([free], request)
+    assert _hypotheses(got[1:]) == _hypotheses(alone)  # attention included: searched on its own
+    assert [[row[:2] for row in r] for r in _hypotheses(got[:1])] == [[row[:2] for row in r]
+                                                                      for r in _hypotheses(first)]
+    assert got[1] and got[1][0].tokens[:1] == [12]
+    with pytest.raises(ConstraintError) as refused:
+        engine.search([free, stuck], TranslationRequest(["a", "b"], cfg, attention=attention))
+    assert (refused.value.index, str(refused.value).endswith(
+        "no translation within the length bound meets its constraints")) == (1, True)

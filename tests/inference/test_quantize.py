@@ -487,6 +487,22 @@ def test_int8_weight_unpacks_each_kernel_s_layout_exactly(kernel: str) -> None:
         torch.testing.assert_close(twin(x), layer(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("kernel", "exact_onednn", "ranges"), [
+    ("onednn", False, (127.0, 63.0)), ("onednn", True, (127.0, 127.0)), ("fbgemm", True, (63.0, 127.0))])
+def test_a_layer_compiles_well_with_dot_products_and_its_own_ranges_exact(
+        monkeypatch: pytest.MonkeyPatch, kernel: str, exact_onednn: bool, ranges: tuple[float, float]) -> None:
+    if kernel not in KERNELS:
+        pytest.skip(f"platform: {kernel}'s int8 linear is not in this torch build")
+    monkeypatch.setattr(Q, "full_range_exact", lambda: exact_onednn)
+    layer = Q.Int8Linear(torch.randn(5, 3), kernel=kernel)
+    asked: list[tuple[float, float]] = []
+    monkeypatch.setattr(Q, "int_mm_exact", lambda i, w: asked.append((i, w)) is None)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "avx512_vnni"}))
+    assert layer.compiles_well() and asked == [ranges]
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2"}))  # no dot products: a reference loop
+    assert not layer.compiles_well()
+
+
 def test_an_unknown_kernel_is_refused_naming_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"^Int8Linear: unknown kernel 'avx' \(onednn, fbgemm, int_mm\)$"):
         Q.Int8Linear(torch.randn(5, 3), kernel="avx")

@@ -419,7 +419,8 @@ def test_required_constraint_pieces_join_the_shortlist(prepared):
 def test_no_shortlist_in_the_checkpoint_is_a_clear_error(prepared):
     tok = load_tokenizer(prepared)
     tok.shortlist = None
-    with pytest.raises(ConfigError, match="the checkpoint has no vocabulary shortlist"):
+    with pytest.raises(ConfigError, match=r"^decode\.shortlist: the checkpoint has no vocabulary shortlist "
+                                          r"\(prepare its data with data\.shortlist_k\)$"):
         Translator(_model(tok), tok, Config()).translate(["hello"], shortlist=True)
 
 
