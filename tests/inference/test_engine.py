@@ -63,6 +63,19 @@ def test_one_checkpoint_is_loaded_without_averaging(monkeypatch, caplog) -> None
     assert caplog.messages == ["loaded a (Tokenizer(a))"]
 
 
+def test_several_checkpoints_are_averaged_into_the_last(monkeypatch, caplog) -> None:
+    """Their element-wise mean, loaded strictly (every key) into the last one's model."""
+    members = _members(monkeypatch, ["a", "b"])
+    loads: list = []
+    members["b"].model = SimpleNamespace(load_state_dict=lambda state, strict: loads.append((state, strict)))
+    monkeypatch.setattr(E, "average_weights", lambda paths: ({"w": list(paths)}, None, [Path(p) for p in paths]))
+    with caplog.at_level(logging.INFO, logger=E.__name__):
+        loaded = E.load_models(["a", "b"])
+    assert loads == [({"w": ["a", "b"]}, True)] and loaded.models == [members["b"].model]
+    assert (repr(loaded.tokenizer), loaded.config) == ("Tokenizer(b)", "config b")
+    assert caplog.messages == ["averaged the weights of 2 checkpoints", "loaded a, b (Tokenizer(b))"]
+
+
 class _Pool:
     """A stand-in for SearchWorkers: what it was given, and whether it was closed."""
 
