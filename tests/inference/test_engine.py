@@ -47,11 +47,29 @@ def test_an_ensemble_keeps_every_model_and_the_last_tokenizer_and_config(monkeyp
     assert caplog.messages == ["loaded an ensemble of a, b, c (Tokenizer(c))"]
 
 
-def test_an_ensemble_checks_its_tokenizers(monkeypatch) -> None:
-    members = _members(monkeypatch, ["a", "b"])
-    members["a"].tokenizer.model_bytes = lambda: b"another vocabulary"
-    with pytest.raises(CheckpointError, match=r"^a and b: different tokenizers; "):
-        E.load_models(["a", "b"], ensemble=True)
+@pytest.mark.parametrize(("odd", "named"), [("a", "a and c"), ("b", "b and c"), ("c", "a and c")])
+def test_an_ensemble_checks_every_tokenizer_against_the_last(monkeypatch, odd: str, named: str) -> None:
+    members = _members(monkeypatch, ["a", "b", "c"])
+    members[odd].tokenizer.model_bytes = lambda: b"another vocabulary"
+    with pytest.raises(CheckpointError, match=rf"^{named}: different tokenizers; the models of an ensemble must "
+                                              r"share one SentencePiece vocabulary$"):
+        E.load_models(["a", "b", "c"], ensemble=True)
+
+
+def test_a_checkpoint_without_a_tokenizer_is_one_error(monkeypatch) -> None:
+    monkeypatch.setattr(E, "load_checkpoint", lambda path, device: SimpleNamespace(path=Path(path), tokenizer=None))
+    with pytest.raises(CheckpointError, match=r"^ck: the checkpoint has no tokenizer/ directory, so text cannot be "
+                                              r"encoded; save it with its tokenizer$"):
+        E.load_models(["ck"])
+
+
+def test_an_unknown_precision_names_the_known_ones() -> None:
+    import torch
+
+    from aiayn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--dtype fp8: choose from fp32, bf16, fp16, int8$"):
+        E.weight_dtype("fp8", torch.device("cpu"))
 
 
 def test_one_checkpoint_is_loaded_without_averaging(monkeypatch, caplog) -> None:
@@ -87,6 +105,9 @@ class _Pool:
 
     def close(self) -> None:
         self.closed = True
+
+    def map(self, batches, request):
+        return ((batch, ["searched", request]) for batch in batches)
 
 
 @pytest.fixture
@@ -174,9 +195,9 @@ def _hypotheses(hyps):
             for sentence in hyps]
 
 
-@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize(("attention", "prefix"), [(False, [12]), (True, [12]), (True, [])])
 def test_constraints_no_translation_meets_are_dropped_with_best_effort(tiny_checkpoint: Path, caplog,
-                                                                       attention: bool) -> None:
+                                                                       attention: bool, prefix: list[int]) -> None:
     """A sentence whose required phrase cannot fit the length bound: the search finds nothing;
     with ``best_effort`` that sentence alone is searched again, with its prefix and without
     its constraints, and a warning names its number; without, ConstraintError."""
@@ -188,20 +209,31 @@ def test_constraints_no_translation_meets_are_dropped_with_best_effort(tiny_chec
 
     engine = Translator.from_checkpoint(tiny_checkpoint, dtype="fp32").engine
     cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=3)
-    free = EncodedSentence(0, [5, 6, 7, EOS_ID])
-    stuck = EncodedSentence(1, [8, 9, 10, 11, EOS_ID], prefix=[12], include=[[13, 14, 15, 16, 17, 18]])
+    stuck = EncodedSentence(0, [8, 9, 10, 11, EOS_ID], prefix=prefix, include=[[13, 14, 15, 16, 17, 18]])
+    free = EncodedSentence(1, [5, 6, 7, EOS_ID])
     request = TranslationRequest(["a", "b"], cfg, attention=attention, best_effort=True, first_number=5)
     with caplog.at_level(logging.WARNING, logger=E.__name__):
-        got = engine.search([free, stuck], request)
-    assert caplog.messages == ["sentence 6: no translation within the length bound meets its constraints; "
+        got = engine.search([stuck, free], request)
+    assert caplog.messages == ["sentence 5: no translation within the length bound meets its constraints; "
                                "translated without them"]
-    alone = engine.search([EncodedSentence(1, stuck.source, prefix=[12])], request)
-    first = engine.search([free], request)
-    assert _hypotheses(got[1:]) == _hypotheses(alone)  # attention included: searched on its own
-    assert [[row[:2] for row in r] for r in _hypotheses(got[:1])] == [[row[:2] for row in r]
-                                                                      for r in _hypotheses(first)]
-    assert got[1] and got[1][0].tokens[:1] == [12]
+    alone = engine.search([EncodedSentence(0, stuck.source, prefix=prefix)], request)
+    second = engine.search([free], request)
+    assert _hypotheses(got[:1]) == _hypotheses(alone)  # attention included: searched on its own
+    assert [[row[:2] for row in r] for r in _hypotheses(got[1:])] == [[row[:2] for row in r]
+                                                                      for r in _hypotheses(second)]
+    assert got[0] and got[0][0].tokens[:len(prefix)] == prefix
     with pytest.raises(ConstraintError) as refused:
-        engine.search([free, stuck], TranslationRequest(["a", "b"], cfg, attention=attention))
+        engine.search([stuck, free], TranslationRequest(["a", "b"], cfg, attention=attention))
     assert (refused.value.index, str(refused.value).endswith(
-        "no translation within the length bound meets its constraints")) == (1, True)
+        "no translation within the length bound meets its constraints")) == (0, True)
+
+
+def test_batches_go_to_workers_holding_the_request_s_shortlist(engine, monkeypatch) -> None:
+    from aiayn.inference.request import TranslationRequest
+
+    monkeypatch.setattr(E.DecodingEngine, "compiled", property(lambda self: False))
+    shortlist, request = object(), TranslationRequest(["a"])
+    engine.use_workers(2)
+    out = list(engine.search_batches([["b1"], ["b2"]], request, shortlist=shortlist))
+    assert out == [(["b1"], ["searched", request]), (["b2"], ["searched", request])]
+    assert engine._pool[0] is shortlist
