@@ -85,8 +85,9 @@ def test_the_compiled_step_ran_and_wrote_what_the_eager_step_wrote(report: dict,
     # int8 steps compile only with int8 dot products (VNNI, AMX): elsewhere --compile on keeps
     # the eager steps (aiayn.inference.engine.DecodingEngine.steps_compile_well).
     from aiayn.runtime import cpu
+    from aiayn.runtime.precision import INT8_DOT_PRODUCTS
 
-    compiles = built["dtype"] != "int8" or bool(cpu.cpu_flags() & cpu.INT8_DOT_PRODUCTS)
+    compiles = built["dtype"] != "int8" or bool(cpu.cpu_flags() & INT8_DOT_PRODUCTS)
     assert (built["compile"], built["compiled"]) == ("on", compiles)
     # Quick mode's 10 and 40 lines are below auto's worker threshold; a compiled step never forks.
     assert first["workers"] == second["workers"] == built["workers"] == 1

@@ -16,6 +16,7 @@ from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import beam_search
 from aiayn.model import build_model
 from aiayn.runtime import cpu
+from aiayn.runtime.precision import int8_kernel
 
 KERNELS = ["int_mm"] + (["onednn"] if cpu.onednn_int8() else []) + (["fbgemm"] if cpu.fbgemm_int8() else [])
 
@@ -113,7 +114,7 @@ def test_the_kernel_per_cpu_kind(monkeypatch: pytest.MonkeyPatch, flags: set[str
                                  expected: str) -> None:
     monkeypatch.setattr(cpu, "onednn_int8", lambda: "onednn" in available)
     monkeypatch.setattr(cpu, "fbgemm_int8", lambda: "fbgemm" in available)
-    assert cpu.int8_kernel(frozenset(flags)) == expected
+    assert int8_kernel(frozenset(flags)) == expected
 
 
 def _model(seed: int = 0, **overrides):
@@ -314,6 +315,21 @@ for qmax, y in ((Q.weight_qmax("onednn"), layer(x)), (127.0, None)):
 """
 
 
+def _run_narrowed(script: str, narrowing: dict[str, str]) -> list[str]:
+    """``script``'s stdout lines, run in a fresh process (the libraries read their instruction
+    sets when torch loads) with ``narrowing`` set and every other narrowing variable unset."""
+    import os
+    import subprocess
+    import sys
+
+    from aiayn.runtime.cpu import ISA_NARROWING_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in ISA_NARROWING_ENV}
+    env.update(narrowing)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                          check=True).stdout.split("\n")
+
+
 @pytest.mark.parametrize(("isa", "expected"), [
     ("AVX2", ["exact False", "63.0 True", "127.0 False"]),  # vpmaddubsw: 7-bit weights needed
     ("", None),  # this CPU as it is: exact at full range iff its kernel does not saturate
@@ -322,16 +338,9 @@ def test_int8_is_exact_on_a_cpu_without_vnni(isa: str, expected: list[str] | Non
     """oneDNN narrowed to AVX2 (``ONEDNN_MAX_CPU_ISA``, read when torch loads) runs the
     saturating kernel of an AVX2-only CPU: the probe sees it, the layers take 7-bit weights and
     match the integer reference, and full-range weights would not."""
-    import os
-    import subprocess
-    import sys
-
     if not cpu.onednn_int8():
         pytest.skip("platform: oneDNN's int8 linear is not in this torch build")
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa} if isa else {
-        k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
-    out = subprocess.run([sys.executable, "-c", _SATURATING_CPU], env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split("\n")[:3]
+    out = _run_narrowed(_SATURATING_CPU, {"ONEDNN_MAX_CPU_ISA": isa} if isa else {})[:3]
     if expected is None:  # here: whatever the CPU, the chosen weights are exact
         exact = out[0] == "exact True"
         expected = ["exact True", "127.0 True", "127.0 True"] if exact else ["exact False", "63.0 True",
@@ -366,18 +375,10 @@ def test_fbgemm_is_exact_at_full_weight_range_without_vnni(isa: str, expected_ke
     products; on this CPU as it is, too. torch._int_mm (what compiled int8 steps run) on
     oneDNN narrowed so saturates full-range products and fbgemm's ranges; oneDNN's 7-bit
     weights fit (:func:`~aiayn.inference.quantize.int_mm_exact`, per range)."""
-    import os
-    import subprocess
-    import sys
-
     if not cpu.fbgemm_int8():
         pytest.skip("platform: fbgemm's int8 linear is not in this torch build")
     narrowing = {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-    env = {k: v for k, v in os.environ.items() if k not in narrowing}
-    if isa:
-        env.update(narrowing)
-    out = subprocess.run([sys.executable, "-c", _FBGEMM_WORST_CASE], env=env, capture_output=True, text=True,
-                         timeout=120, check=True).stdout.split("\n")[:5]
+    out = _run_narrowed(_FBGEMM_WORST_CASE, narrowing if isa else {})[:5]
     expected_kernel = expected_kernel or Q.KERNEL
     assert out[:4] == [f"kernel {expected_kernel}", "True", "True", "True"]
     if isa:  # uint8-shifted inputs times weights: int16 pair sums saturate

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from aiayn.runtime import cpu
+from aiayn.runtime.precision import INT8_DOT_PRODUCTS, int8_kernel
 
 _QMAX = 127.0
 _QMAX_7_BITS = 63.0  # oneDNN's weights, fbgemm's inputs, where pair sums saturate (module docstring)
@@ -63,7 +64,7 @@ KERNELS = ("onednn", "fbgemm", "int_mm")
 
 
 # Which kernel new Int8Linear layers use; tests switch it to compare them.
-KERNEL = cpu.int8_kernel()
+KERNEL = int8_kernel()
 
 
 def _onednn_linear(xu: Tensor, packed_weight: Tensor, weight_scale: Tensor, weight_zero_point: Tensor) -> Tensor:
@@ -206,7 +207,7 @@ class Int8Linear(nn.Module):
         ``torch._int_mm`` runs oneDNN's int8 kernels only on CPUs with int8 dot products
         (elsewhere a reference loop, orders of magnitude slower), and must compute this layer's
         ranges exactly (:func:`int_mm_exact`)."""
-        return bool(cpu.cpu_flags() & cpu.INT8_DOT_PRODUCTS) and int_mm_exact(self.input_qmax,
+        return bool(cpu.cpu_flags() & INT8_DOT_PRODUCTS) and int_mm_exact(self.input_qmax,
                                                                               weight_qmax(self.kernel))
 
     def with_int_mm(self) -> Int8Linear:

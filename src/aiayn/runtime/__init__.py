@@ -21,7 +21,6 @@ from aiayn.runtime.cpu import (
     cpu_kind,
     cpu_native_bf16,
     fbgemm_int8,
-    int8_kernel,
     narrowed_flags,
     onednn_int8,
 )
@@ -34,6 +33,7 @@ from aiayn.runtime.precision import (
     TORCH_DTYPES,
     DtypeChoice,
     auto_inference_dtype,
+    int8_kernel,
     native_bf16,
     resolve_inference_dtype,
     resolve_train_dtype,
@@ -57,12 +57,13 @@ __all__ = [
     "on_a_passing_thread", "set_threads", "tune_allocator",
     # cpu
     "CPUINFO", "CPU_KINDS", "ISA_NARROWING_ENV", "ONEDNN_ISA_ENV", "cpu_flags", "cpu_kind", "cpu_native_bf16",
-    "fbgemm_int8", "int8_kernel", "narrowed_flags", "onednn_int8",
+    "fbgemm_int8", "narrowed_flags", "onednn_int8",
     # devices
     "cuda_fp16_tensor_cores", "cuda_native_bf16", "resolve_device",
     # precision
     "CPU_AUTO_DTYPES", "DTYPE_ENV", "INFERENCE_PRECISIONS", "INT8_DOT_PRODUCTS", "TORCH_DTYPES", "DtypeChoice",
-    "auto_inference_dtype", "native_bf16", "resolve_inference_dtype", "resolve_train_dtype", "torch_dtype",
+    "auto_inference_dtype", "int8_kernel", "native_bf16", "resolve_inference_dtype", "resolve_train_dtype",
+    "torch_dtype",
     # compile_cache
     "CACHE_ENV", "INDUCTOR_CACHE_ENV", "compile_cache_dir", "use_compile_cache",
 ]

@@ -105,21 +105,3 @@ def fbgemm_int8() -> bool:
     return ("fbgemm" in torch.backends.quantized.supported_engines
             and hasattr(torch.ops.quantized, "linear_with_input_q_dq_qweight_dq_output_fp32"))
 
-
-# Instructions that multiply and add uint8 x int8 pairs into 32 bits (VNNI, AMX's tiles).
-INT8_DOT_PRODUCTS = frozenset({"amx_int8", "amx_tile", "avx512_vnni", "avx_vnni"})
-
-
-def int8_kernel(flags: frozenset[str] | set[str] | None = None) -> str:
-    """The int8 linear kernel for this CPU (``flags``: default :func:`cpu_flags`), as
-    :mod:`aiayn.inference.quantize` names them: ``onednn`` where the CPU has int8 dot products,
-    ``fbgemm`` where it has not but has AVX2 (its kernels are faster there: docs/results.md),
-    the other of the two where one is missing, ``int_mm`` (a reference loop on most CPUs) where
-    torch has neither."""
-    flags = cpu_flags() if flags is None else flags
-    onednn, fbgemm = onednn_int8(), fbgemm_int8() and "avx2" in flags
-    if onednn and flags & INT8_DOT_PRODUCTS:
-        return "onednn"
-    if fbgemm:
-        return "fbgemm"
-    return "onednn" if onednn else "int_mm"

@@ -88,7 +88,23 @@ CPU_AUTO_DTYPES: tuple[tuple[tuple[str, ...], str, str], ...] = (
     (("avx512_vnni",), "int8", "AVX-512 VNNI"),
     (("avx_vnni",), "int8", "AVX-VNNI"),
 )
-INT8_DOT_PRODUCTS = cpu.INT8_DOT_PRODUCTS
+# Instructions that multiply and add uint8 x int8 pairs into 32 bits (VNNI, AMX's tiles).
+INT8_DOT_PRODUCTS = frozenset(flag for needs, _, _ in CPU_AUTO_DTYPES for flag in needs)
+
+
+def int8_kernel(flags: frozenset[str] | set[str] | None = None) -> str:
+    """The int8 linear kernel for this CPU (``flags``: default :func:`aiayn.runtime.cpu.cpu_flags`),
+    as :mod:`aiayn.inference.quantize` names them: ``onednn`` where the CPU has int8 dot
+    products, ``fbgemm`` where it has not but has AVX2 (its kernels are faster there:
+    docs/results.md), the other of the two where one is missing, ``int_mm`` (a reference loop
+    on most CPUs) where torch has neither."""
+    flags = cpu.cpu_flags() if flags is None else flags
+    onednn, fbgemm = cpu.onednn_int8(), cpu.fbgemm_int8() and "avx2" in flags
+    if onednn and flags & INT8_DOT_PRODUCTS:
+        return "onednn"
+    if fbgemm:
+        return "fbgemm"
+    return "onednn" if onednn else "int_mm"
 
 
 def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[str] | set[str] | None = None
@@ -101,7 +117,7 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     of :data:`CPU_AUTO_DTYPES`, those with int8 dot products; such an instruction does twice
     the multiply-adds of a bf16 one, and per-token scales keep BLEU with fp32's. Elsewhere (or
     where torch has no oneDNN int8 kernel) bf16 where the CPU has bf16 units, else int8 where
-    fbgemm's kernel runs (:func:`aiayn.runtime.cpu.int8_kernel`), else fp32. CUDA:
+    fbgemm's kernel runs (:func:`int8_kernel`), else fp32. CUDA:
     bf16 where the GPU computes it natively, else fp16. Any other device: fp32.
     """
     import torch
@@ -114,7 +130,7 @@ def auto_inference_dtype(device: torch.device | str = "cpu", flags: frozenset[st
     if device.type != "cpu":
         return DtypeChoice("fp32", f"{device.type}: fp32 only")
     flags = cpu.cpu_flags() if flags is None else flags
-    kernel = cpu.int8_kernel(flags)
+    kernel = int8_kernel(flags)
     if kernel == "onednn":
         for needs, dtype, reason in CPU_AUTO_DTYPES:
             if flags & set(needs):
@@ -136,7 +152,7 @@ def _caveat(dtype: str, device: torch.device | str) -> str:
         return ""
     if dtype == "bf16" and not cpu.cpu_native_bf16():
         return "bf16 is emulated on this CPU (no AVX-512 BF16 or AMX), slower than fp32"
-    kernel = cpu.int8_kernel() if dtype == "int8" else ""
+    kernel = int8_kernel() if dtype == "int8" else ""
     if kernel == "int_mm":
         return "this torch has no oneDNN or fbgemm int8 kernel; int8 runs on a reference loop, slower than fp32"
     if kernel == "onednn" and not cpu.cpu_flags() & INT8_DOT_PRODUCTS:
