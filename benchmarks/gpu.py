@@ -196,8 +196,9 @@ def train_flop_per_token(cfg: Any, length: int) -> float:
 # ----------------------------------------------------------------------------- sections
 
 
-def run_section(name: str, fn: Callable[[], Any], report: dict[str, Any]) -> Any:
-    """``fn()`` into ``report[name]``; an exception is recorded there and the run goes on."""
+def run_section(name: str, fn: Callable[[], Any], report: dict[str, Any], path: str | None = None) -> Any:
+    """``fn()`` into ``report[name]``; an exception is recorded there and the run goes on. The
+    report so far is written to ``path``, if given: a run stopped later keeps this section."""
     t0 = time.perf_counter()
     print(f"== {name}", file=sys.stderr, flush=True)
     try:
@@ -206,6 +207,8 @@ def run_section(name: str, fn: Callable[[], Any], report: dict[str, Any]) -> Any
         traceback.print_exc()
         report[name] = {"error": f"{type(exc).__name__}: {exc}"}
     report.setdefault("section_seconds", {})[name] = round(time.perf_counter() - t0, 1)
+    if path:
+        Path(path).write_text(json.dumps(report, indent=1))
     return report[name]
 
 
@@ -866,25 +869,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["peak_dtype"] = str(peak_dtype).removeprefix("torch.")
     report["datasheet_tflops"] = datasheet = datasheet_tflops(report["machine"].get("name") if device.type == "cuda"
                                                               else None, dtype)
-    peak = run_section("peak_tflops", lambda: matmul_tflops(device, peak_dtype, sizes.matmul_n), report)
+    peak = run_section("peak_tflops", lambda: matmul_tflops(device, peak_dtype, sizes.matmul_n), report, args.json)
     peak = peak if isinstance(peak, float) else None
-    train = run_section("train", lambda: training(sizes, device, dtype, peak, datasheet, budget), report)
+    train = run_section("train", lambda: training(sizes, device, dtype, peak, datasheet, budget), report, args.json)
     report["fastest_training"] = fastest_modes(train) if isinstance(train, list) else None
-    run_section("decode", lambda: decoding(sizes, device, dtype), report)
+    run_section("decode", lambda: decoding(sizes, device, dtype), report, args.json)
     if args.skip_ddp:
         report["ddp"] = None
     else:
         single = next((r["tokens_per_s"] for r in train if r["model"] == "base" and r["system"] == "aiayn"
                        and "skipped" not in r), None) if isinstance(train, list) else None
-        run_section("ddp", lambda: ddp(device, args.quick, single, timeout=max(budget.left(), 120.0)), report)
+        run_section("ddp", lambda: ddp(device, args.quick, single, timeout=max(budget.left(), 120.0)), report,
+                    args.json)
     if args.skip_tests:
         report["tests"] = None
     else:
         paths = args.tests or (CUDA_TEST_FILES if args.quick else ["tests"])
         timeout = max(min(args.tests_timeout, budget.left()), MIN_TESTS_TIMEOUT)
-        run_section("tests", lambda: cuda_tests(paths, timeout=timeout, log_path=args.tests_log), report)
+        run_section("tests", lambda: cuda_tests(paths, timeout=timeout, log_path=args.tests_log), report, args.json)
     if args.multi30k:
-        run_section("multi30k", lambda: multi30k(args.multi30k, args.data_dir, device, timeout=1800), report)
+        run_section("multi30k", lambda: multi30k(args.multi30k, args.data_dir, device, timeout=1800), report, args.json)
     else:
         report["multi30k"] = None
     report["seconds"] = round(time.perf_counter() - t0, 1)

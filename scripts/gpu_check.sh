@@ -7,6 +7,7 @@
 #   BUDGET=420 scripts/gpu_check.sh              # the benchmark's --budget in seconds (default 480)
 #   MULTI30K=4000 DATA_DIR=/mirror scripts/gpu_check.sh   # plus the Multi30k recipe by updates
 #   PYTHON=/path/to/python scripts/gpu_check.sh  # default: .venv/bin/python if it has torch, else python3
+#   WHEELS=folder scripts/gpu_check.sh           # no package index there: these wheels first (docs/gpu.md)
 #
 # Installs nothing but what pip installs (the package itself without dependencies, then its
 # runtime, serve and bench dependencies, and the test tools; the installed torch is kept, and
@@ -44,6 +45,15 @@ fi
 "$py" -c "import torch; p = torch.cuda.get_device_properties(0); \
 print(f'{torch.cuda.device_count()} x {p.name}, compute capability {p.major}.{p.minor}, torch {torch.__version__}')"
 
+if [ -n "${WHEELS:-}" ]; then
+    # Into a folder of their own, ahead of the interpreter's packages, which stay as they are.
+    site=$(mktemp -d)
+    "$py" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl \
+        || { say "pip could not install the wheels in $WHEELS"; exit 2; }
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+
 # What the tests and the peers need, beside the installed torch.
 if ! "$py" -c "import aiayn, pytest, hypothesis, fastapi, httpx, transformers, ctranslate2" 2>/dev/null; then
     requirements=$("$py" - <<'EOF'
@@ -63,7 +73,6 @@ EOF
     echo "$requirements" | xargs -d '\n' "$py" -m pip install --quiet \
         || say "pip could not install everything: the run goes on with what is installed"
 fi
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
 args=(--json "$out/gpu_benchmark.json" --tests-log "$out/pytest_cuda.log" --budget "$budget")
 if [ -n "${MULTI30K:-}" ]; then

@@ -89,7 +89,7 @@ def test_every_gpu_figure_on_the_pages_is_in_the_recorded_run() -> None:
     values = allowed(report)
     found = figures(gpu_text())
     # The figures the pages quote now: they are found, so the check is not vacuous.
-    assert {("781", "TFLOP/s"), ("226534", "tok/s"), ("36.6", "%"), ("1.19", "x")} <= {(n, u) for n, u, _ in found}
+    assert {("743", "TFLOP/s"), ("271099", "tok/s"), ("46.0", "%"), ("1.43", "x")} <= {(n, u) for n, u, _ in found}
     missing = [f"{n} {u} in {context!r}" for n, u, context in found
                if not any(shown_as(v, n) for v in values[u])]
     assert not missing, "figures not in benchmarks/results/gpu.json:\n" + "\n".join(missing)
@@ -98,14 +98,14 @@ def test_every_gpu_figure_on_the_pages_is_in_the_recorded_run() -> None:
 
 
 @pytest.mark.parametrize(("text", "ok"), [
-    ("aiayn ran at 1.19x torch.nn.Transformer", True),
-    ("decoding at 1.25-1.39x HF", True),
-    ("decoding at 1.25-1.45x HF", False),  # one end of a range that is not in the file
-    ("`pytest -m cuda` there: 18 passed", False),  # that run recorded no tests
-    ("Measured bf16 matmul: 781 TFLOP/s", True),
-    ("Measured bf16 matmul: 989 TFLOP/s", False),  # the datasheet figure: null in that run
-    ("**226,534 target tok/s**, 36.6% MFU", True),
-    ("36.7% MFU", False),
+    ("aiayn ran at 1.43x torch.nn.Transformer", True),
+    ("decoding at 1.33-1.51x HF", True),
+    ("decoding at 1.33-1.45x HF", False),  # one end of a range that is not in the file
+    ("`pytest -m cuda` there: 18 passed", False),  # that run: 26
+    ("Measured bf16 matmul: 743 TFLOP/s", True),
+    ("Measured bf16 matmul: 781 TFLOP/s", False),  # an earlier run's
+    ("**271,099 target tok/s**, 46.0% MFU", True),
+    ("46.1% MFU", False),
     ("a 768-pair x 32-token batch, 2 GiB, 120 s", True),  # no measured figure here
 ])
 def test_the_check_finds_what_is_not_in_the_file(text: str, ok: bool) -> None:

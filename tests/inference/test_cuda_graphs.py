@@ -37,8 +37,9 @@ VOCAB = 40
 
 
 class EagerCapture:
-    """Stands for CUDA graph recording: the replay re-runs the step on the static inputs (as a
-    graph would) and writes the recorded output tensor in place; counts both."""
+    """Stands for CUDA graph recording: recording leaves the output tensor unwritten (NaN here:
+    a CUDA graph's recording launches nothing), the replay re-runs the step on the static inputs
+    (as a graph would) and writes that tensor in place; counts both."""
 
     def __init__(self) -> None:
         self.recorded = 0
@@ -46,7 +47,7 @@ class EagerCapture:
 
     def __call__(self, record: Callable[[], Tensor]) -> tuple[Tensor, Callable[[], None]]:
         self.recorded += 1
-        out = record()
+        out = record().fill_(float("nan"))
 
         def replay() -> None:
             self.replayed += 1
@@ -108,8 +109,25 @@ def test_beam_search_through_graphs_equals_the_eager_search() -> None:
     first = steps.captured[0]
     assert first == GraphKey(groups=4, per_source=4, buffer_rows=16, positions=16, source=16, dtype=torch.float32)
     assert len(set(steps.captured)) == len(steps.captured) == capture.recorded  # each key recorded once
-    assert capture.replayed > 0 and steps.replays == capture.recorded + capture.replayed
+    assert capture.replayed > capture.recorded and steps.replays == capture.replayed
     assert {k.groups for k in steps.captured} <= {1, 2, 4}
+
+
+def test_steps_of_more_rows_than_the_graphs_take_run_eagerly() -> None:
+    """Three sentences of a beam of 4 are 16 rows once bucketed: over a limit of 8 the steps
+    run eagerly until sentences finish and the rows fit (2 groups of 4), then from graphs."""
+    capture = EagerCapture()
+    eager, graphs = _decoders(capture)
+    graphs.graphs.max_rows = 8
+    cfg = DecodeConfig(beam=4, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=4)
+    _same_search(eager, graphs, _sources(3, 9, seed=1), cfg)
+    steps = graphs.graphs
+    assert steps.captured and max(k.rows for k in steps.captured) <= 8
+    assert {k.groups for k in steps.captured} <= {1, 2}
+    # No limit: the first steps run from a graph of all 16 rows.
+    unlimited = _decoders(EagerCapture())[1]
+    _same_search(eager, unlimited, _sources(3, 9, seed=1), cfg)
+    assert unlimited.graphs.captured[0].rows == 16 and unlimited.graphs.replays > steps.replays
 
 
 def test_a_second_search_reuses_the_graphs_and_buffers_of_its_bucket() -> None:

@@ -84,7 +84,7 @@ def test_aoti_packages_refuse_cuda_and_decode_eagerly_with_a_warning(tiny_checkp
 
     eager = Translator.from_checkpoint(tiny_checkpoint, device="cuda")
     packaged = Translator.from_checkpoint(tiny_checkpoint, device="cuda")
-    packaged.decoder = decoder = CompiledDecoder(packaged._optimized[0])
+    packaged.engine.decoder = decoder = CompiledDecoder(packaged.engine.optimized[0])
     texts = english[:8]
     with caplog.at_level(logging.WARNING, logger="aiayn.inference.compiled"):
         assert packaged.translate(texts) == eager.translate(texts)

@@ -92,12 +92,17 @@ def compile_pays(lines: int | None, parameters: int, device: torch.device | str,
 EXPLICIT = True
 
 
-def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
+def static_step(model: Transformer, project: torch.nn.Module, fused: bool = True) -> StaticStep:
     """``step(tokens (R,), pos (), rows, self_k, self_v, cross_k, cross_v, src_mask) -> log-probabilities
     (R, V)``, float32 (the log-softmax fused into the step: one pass over the vocabulary instead of
     the search's three): one decoding step at position ``pos`` over caches given as per-layer lists; writes the
     step's keys/values into the first R rows of ``self_k``/``self_v`` (>= R, H, P, d; P
-    positions) at ``pos``, and reads hypothesis i's at position t from row ``rows[t, i]`` (P, R)."""
+    positions) at ``pos``, and reads hypothesis i's at position t from row ``rows[t, i]`` (P, R).
+
+    ``fused``: self-attention written for a compiler that fuses the cache's gather into its
+    loads (the AOTInductor packages); else with batched matrix products, for a step whose
+    operations run as they are written (a CUDA graph replays eager kernels), where the fused
+    form would materialise float32 copies of every gathered key and value."""
     positions = model.tgt_positions
     table = positions.table if positions.kind == "sinusoidal" else positions.learned.weight
     layers: list[DecoderLayer] = list(model.decoder_layers)  # type: ignore[arg-type]
@@ -106,7 +111,7 @@ def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
              cross_k: list[Tensor], cross_v: list[Tensor], src_mask: Tensor) -> Tensor:
         y = model.tgt_embed(tokens[:, None])  # (R, 1, D)
         y = y + table.index_select(0, pos.view(1)).to(y.dtype)
-        lineage = _Lineage(rows, pos)
+        lineage = _Lineage(rows, pos, fused)
         for i, layer in enumerate(layers):
             y = _layer_step(layer, y, lineage, _LayerBuffers(self_k[i], self_v[i], cross_k[i], cross_v[i]), src_mask)
         if model.decoder_norm is not None:
@@ -118,19 +123,25 @@ def static_step(model: Transformer, project: torch.nn.Module) -> StaticStep:
 
 class _Lineage(NamedTuple):
     """Where a step reads the self-attention cache: hypothesis i's key/value at position t is
-    in buffer row ``rows[t, i]`` (P, R); positions after ``pos`` are masked."""
+    in buffer row ``rows[t, i]`` (P, R); positions after ``pos`` are masked. ``fused``: see
+    :func:`static_step`."""
 
     rows: Tensor
     pos: Tensor
+    fused: bool = True
 
     def attend(self, q: Tensor, k_buf: Tensor, v_buf: Tensor) -> Tensor:
         """softmax(q K^T / sqrt(d_k)) V for one query per row, q (R, H, 1, d_k) -> (R, H, d_v),
-        with K and V gathered through ``rows`` as they are read: written as products and sums
-        (not two batched matmuls) so that inductor fuses the gather into the loads."""
+        with K and V gathered through ``rows``. Fused: as products and sums (not two batched
+        matmuls), so that inductor fuses the gather into the loads, in float32 whatever the
+        cache's dtype (inductor widens the loads in place)."""
         t = torch.arange(self.rows.size(0), device=q.device)
         k = k_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, P, d_k)
         v = v_buf[self.rows.t(), :, t].transpose(1, 2)  # (R, H, P, d_v)
-        # In float32 whatever the cache's dtype: inductor widens the loads in place.
+        if not self.fused:
+            scores = torch.matmul(q, k.transpose(-1, -2)).float() / math.sqrt(q.size(-1))  # (R, H, 1, P)
+            probs = torch.softmax(scores.masked_fill(t > self.pos, float("-inf")), dim=-1)
+            return torch.matmul(probs.to(v.dtype), v)[:, :, 0]
         scores = (q.float() * k.float()).sum(-1) / math.sqrt(q.size(-1))  # (R, H, P)
         scores = scores.masked_fill(t > self.pos, float("-inf"))
         probs = torch.softmax(scores, dim=-1)

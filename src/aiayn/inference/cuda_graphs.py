@@ -47,7 +47,8 @@ from aiayn.model import KVCache, Transformer
 log = logging.getLogger(__name__)
 
 # (record: run the step once, returning its output) -> (the output tensor, a replay that
-# rewrites that tensor in place from the current contents of the static inputs).
+# rewrites that tensor in place from the current contents of the static inputs). Recording
+# need not compute anything (a CUDA graph's launches nothing): the step replays after it.
 Capture = Callable[[Callable[[], Tensor]], tuple[Tensor, Callable[[], None]]]
 
 SOURCE_MULTIPLE = 16  # source lengths are padded up to a multiple of this
@@ -56,6 +57,11 @@ MIN_POSITIONS = 16  # the static cache's positions: a power of two, at least thi
 # multiple of it (a batch shrinking as its sentences finish records a graph per bucket it passes).
 POWER_OF_TWO_UP_TO = 64
 WARMUP_RUNS = 2  # eager runs on a side stream before recording (cuBLAS picks its kernels there)
+# Steps of more rows (bucketed) run eagerly: the graph's step reads the self-attention cache
+# through the rows table over every position of the static buffers, a gather that outgrows the
+# launches a graph saves once there are enough rows to keep the GPU busy (docs/results.md, "One
+# GPU": graphs 1.2x the eager steps at 256 rows, 0.5x at 2,048).
+MAX_GRAPH_ROWS = 256
 # `--compile auto` on a GPU: recording a graph runs the step a few times and compiles
 # nothing, so any input but a handful of lines pays.
 MIN_GRAPH_LINES = 8
@@ -181,9 +187,10 @@ class CudaGraphSteps:
     """The decoding step ``step`` (:func:`~aiayn.inference.compiled.static_step`) replayed
     from recorded graphs, one per :class:`GraphKey`."""
 
-    def __init__(self, step: StaticStep, capture: Capture | None = None) -> None:
+    def __init__(self, step: StaticStep, capture: Capture | None = None, max_rows: int = MAX_GRAPH_ROWS) -> None:
         self.step = step
         self.capture = capture if capture is not None else cuda_capture()
+        self.max_rows = max_rows
         self.graphs: dict[GraphKey, _Graph] = {}
         self.pools: dict[tuple[int, int, torch.dtype], _Pool] = {}
         self.captured: list[GraphKey] = []  # in the order they were recorded
@@ -204,15 +211,16 @@ class CudaGraphSteps:
 
     def fits(self, state: StaticKVCache, rows: int) -> bool:
         """Whether a graph can run this step (else: the eager step). The cache must be a
-        :class:`StaticKVCache` with its rows in equal groups (beam search keeps them so)
-        and no other search's cache holding the buffers it would be bound to."""
+        :class:`StaticKVCache` with its rows in equal groups (beam search keeps them so), the
+        step at most ``max_rows`` rows once bucketed, and no other search's cache holding the
+        buffers it would be bound to."""
         if not isinstance(state, StaticKVCache) or not state.layers:
             return False
         groups = state.src_mask.size(0)
         if rows % groups or rows // groups != state.group_size:
             return False
         key = self.key(state, rows)
-        if key.rows > key.buffer_rows:
+        if key.rows > min(key.buffer_rows, self.max_rows):
             return False
         pool = self.pools.get((key.buffer_rows, key.positions, key.dtype))
         return pool is None or not pool.busy_for(state)
@@ -230,8 +238,7 @@ class CudaGraphSteps:
         if graph.replay is None:
             graph.out, graph.replay = self.capture(lambda: self._run(graph))
             self.captured.append(key)
-        else:
-            graph.replay()
+        graph.replay()
         self.replays += 1
         assert graph.out is not None
         return graph.out[:rows].clone()
@@ -342,7 +349,7 @@ class CudaGraphDecoder(CompiledDecoder):
         IncrementalDecoder.__init__(self, model)
         if self.model.training:
             raise ValueError("CudaGraphDecoder: put the model in eval mode first (decoding only)")
-        self.graphs = CudaGraphSteps(static_step(self.model, self.project), capture)
+        self.graphs = CudaGraphSteps(static_step(self.model, self.project, fused=False), capture)
         self.compiled: CudaGraphSteps | None = self.graphs
         self.compiled_ran = False
 
