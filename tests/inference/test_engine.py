@@ -237,3 +237,85 @@ def test_batches_go_to_workers_holding_the_request_s_shortlist(engine, monkeypat
     out = list(engine.search_batches([["b1"], ["b2"]], request, shortlist=shortlist))
     assert out == [(["b1"], ["searched", request]), (["b2"], ["searched", request])]
     assert engine._pool[0] is shortlist
+
+
+def _model(max_positions: int = 64, seed: int = 0):
+    import torch
+
+    from aiayn.config import ModelConfig
+    from aiayn.model import build_model
+
+    torch.manual_seed(seed)
+    return build_model(ModelConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, d_ff=32, n_heads=2,
+                                   n_encoder_layers=1, n_decoder_layers=1, max_positions=max_positions))
+
+
+def test_an_engine_decodes_in_float32_eagerly_on_the_cpu_unless_told() -> None:
+    import torch
+
+    from aiayn.inference.request import SourceLimits
+    from aiayn.runtime.precision import resolve_inference_dtype
+
+    engine = E.DecodingEngine(_model())
+    assert engine.device == torch.device("cpu") and engine.precision.dtype == "fp32"
+    assert not engine.compiled and engine._compiled is None
+    assert engine.limits == SourceLimits(positions=64, steps=64)
+    auto = E.DecodingEngine(_model(), dtype="auto")
+    assert auto.precision == resolve_inference_dtype("auto", torch.device("cpu"))
+
+
+def test_an_ensemble_reads_and_writes_what_its_shortest_member_can() -> None:
+    from aiayn.inference.request import SourceLimits
+    from aiayn.model.parameter_count import count_parameters
+
+    members = [_model(64), _model(48, seed=1)]
+    counts = [count_parameters(m)["parameters"] for m in members]
+    engine = E.DecodingEngine(members)
+    assert engine.limits == SourceLimits(positions=48, steps=48)
+    assert engine.parameters["parameters"] == sum(counts)
+
+
+def test_no_model_is_one_error() -> None:
+    from aiayn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^no model given$"):
+        E.DecodingEngine([])
+
+
+def test_weight_dtypes_per_precision_and_device() -> None:
+    import torch
+
+    from aiayn.errors import ConfigError
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [E.weight_dtype(p, cpu) for p in ("fp32", "bf16", "int8")] == [None, torch.bfloat16, torch.int8]
+    assert E.weight_dtype("fp16", cuda) is torch.float16
+    with pytest.raises(ConfigError, match=r"^--dtype fp16 needs a CUDA device; use bf16 on the CPU$"):
+        E.weight_dtype("fp16", cpu)
+    with pytest.raises(ConfigError, match=r"^--dtype int8 is a CPU path \(oneDNN int8 matmuls\); on cuda use fp16 "
+                                          r"or bf16$"):
+        E.weight_dtype("int8", cuda)
+
+
+def test_a_constrained_sentence_searched_again_keeps_the_shortlist(tiny_checkpoint: Path) -> None:
+    """The best-effort retry of a sentence whose constraints nothing met scores its batch's
+    shortlist (the listed pieces and the constraints' own), not the whole vocabulary."""
+    import torch
+
+    from aiayn.config import DecodeConfig
+    from aiayn.inference.request import EncodedSentence, TranslationRequest
+    from aiayn.inference.translator import Translator
+    from aiayn.vocab import EOS_ID
+
+    engine = Translator.from_checkpoint(tiny_checkpoint, dtype="fp32").engine
+    allowed = [EOS_ID, 20, 21, 22]
+    shortlist = SimpleNamespace(rows=lambda ids, extra: torch.tensor(sorted({*allowed, *extra})))
+    cfg = DecodeConfig(beam=2, max_len_a=0.0, max_len_b=3, shortlist=True)
+    stuck = EncodedSentence(0, [8, 9, 10, 11, EOS_ID], include=[[13, 14, 15, 16, 17, 18]])
+    request = TranslationRequest(["a"], cfg, best_effort=True)
+    got = engine.search([stuck], request, shortlist)
+    assert got[0] and all(set(h.tokens) <= {*allowed, *stuck.include[0]} for h in got[0])
+    # Searched over the whole vocabulary, the same sentence alone finds other hypotheses.
+    whole = engine.search([EncodedSentence(0, stuck.source)], TranslationRequest(["a"], DecodeConfig(
+        beam=2, max_len_a=0.0, max_len_b=3)))
+    assert _hypotheses(whole) != _hypotheses(got)

@@ -121,9 +121,8 @@ class DecodingEngine:
         self.parameters = {key: sum(c[key] for c in counts) for key in counts[0]}
         self.optimized = [optimize_for_inference(m.to(self.device).eval(), dtype=weights) for m in trained]
         self.model = self.optimized[0].model
-        positions = [n for m in trained if (n := getattr(m.src_positions, "max_positions", None)) is not None]
         self.decoder: DecoderModel = self._joined([IncrementalDecoder(o) for o in self.optimized])
-        self.limits = SourceLimits(min(positions) if positions else None, self.decoder.max_steps)
+        self.limits = SourceLimits(min(m.src_positions.max_positions for m in trained), self.decoder.max_steps)
         self._compiled: DecoderModel | None = None
         self._compiled_members: list[CompiledDecoder] = []
         self._workers: tuple[int, int] = (1, 0)  # (processes, threads each) asked for
