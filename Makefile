@@ -7,7 +7,7 @@ TORCH := torch==2.13.0
 # torch 2.13.0 is the CUDA build and brings several GB of CUDA packages (nvidia-*); an index of
 # CPU builds gives the CPU build alone (about 0.75 GB installed). TORCH_INDEX chooses:
 # https://download.pytorch.org/whl/cpu for the CPU-only build anywhere, or
-# https://download.pytorch.org/whl/cu128 for CUDA 12.8. Unset where nvidia-smi works, the CUDA
+# https://download.pytorch.org/whl/cu126 for CUDA 12.6-12.9. Unset where nvidia-smi works, the CUDA
 # build the driver runs is chosen (scripts/torch_index.py), or one line says what to do.
 TORCH_INDEX ?=
 PYTEST_ARGS ?=

@@ -8,7 +8,7 @@ this machine's NVIDIA GPU.
 
 The index: $TORCH_INDEX when set (an explicit choice always wins); else, where `nvidia-smi`
 works, the newest CUDA build of torch that the driver's CUDA version runs (``cu130`` for a
-driver of CUDA 13.0 or later, ``cu128`` for 12.8 and 12.9, ...); else none (PyPI's default
+driver of CUDA 13.0 or later, ``cu126`` for 12.6 to 12.9); else none (PyPI's default
 wheel). A driver older than every CUDA build exits 2 with one line saying what to do.
 
 tests/conftest.py uses :func:`unusable_gpu` so that under CI=true a GPU that torch cannot use
@@ -26,9 +26,10 @@ import subprocess
 import sys
 
 DOWNLOADS = "https://download.pytorch.org/whl/"
-# The CUDA builds of the torch pin (Makefile's TORCH), newest first, as (major, minor) of
-# CUDA -> the index's name. A driver runs a build of its own CUDA version or an older one.
-CUDA_BUILDS: tuple[tuple[tuple[int, int], str], ...] = (((13, 0), "cu130"), ((12, 8), "cu128"), ((12, 6), "cu126"))
+# The stable CUDA builds of the torch pin (Makefile's TORCH), newest first, as (major, minor)
+# of CUDA -> the index's name: for torch 2.13, CUDA 13.0 and 12.6 (PyTorch's RELEASE.md; 12.8
+# was dropped in 2.12, 13.2 is experimental). A driver runs a build of its CUDA version or older.
+CUDA_BUILDS: tuple[tuple[tuple[int, int], str], ...] = (((13, 0), "cu130"), ((12, 6), "cu126"))
 CPU_INDEX = DOWNLOADS + "cpu"
 
 

@@ -131,7 +131,7 @@ def _path_with(folder: Path) -> str:
 
 @pytest.mark.parametrize(("cuda", "index"), [
     ((13, 0), "cu130"), ((13, 2), "cu130"), ((14, 1), "cu130"),
-    ((12, 9), "cu128"), ((12, 8), "cu128"), ((12, 6), "cu126"),
+    ((12, 9), "cu126"), ((12, 8), "cu126"), ((12, 6), "cu126"),
 ])
 def test_the_newest_cuda_build_the_driver_runs(cuda, index) -> None:
     assert _torch_index().index_for(cuda, "torch==2.13.0") == "https://download.pytorch.org/whl/" + index
@@ -167,7 +167,7 @@ def _run_torch_index(tmp_path: Path, cuda: str | None, *args: str, **env: str) -
 
 
 def test_the_command_prints_the_index_and_an_explicit_choice_wins(tmp_path) -> None:
-    assert _run_torch_index(tmp_path, "12.8").stdout == "https://download.pytorch.org/whl/cu128\n"
+    assert _run_torch_index(tmp_path, "12.8").stdout == "https://download.pytorch.org/whl/cu126\n"
     assert _run_torch_index(tmp_path, None).stdout == "\n"
     explicit = _run_torch_index(tmp_path, "12.8", TORCH_INDEX="https://download.pytorch.org/whl/cpu")
     assert explicit.stdout == "https://download.pytorch.org/whl/cpu\n"
