@@ -72,9 +72,10 @@ COMPAT_SETS ?= lower latest
 test-compat:
 	PY=$(PY) bash scripts/test_compat.sh $(COMPAT_SETS)
 
-# Mutation testing of the search, requests, shortlists, worker processes, loss, schedules, checkpointing, scorers, trees,
-# int8 quantization ([tool.mutmut] in pyproject.toml): mutants/ holds the run; the score per module
-# and the survivors are printed, and reviewed ones are in tests/mutation_equivalent.txt.
+# Mutation testing of the search, requests, shortlists, worker processes, the decoding engine, loss,
+# schedules, checkpointing, scorers, trees, int8 quantization ([tool.mutmut] in pyproject.toml):
+# mutants/ holds the run; the score per module and the survivors are printed, and reviewed ones
+# are in tests/mutation_equivalent.txt.
 # The data mirror is $AIAYN_DATA_MIRROR (docs/testing.md), passed on as an absolute path so that
 # mutmut's copy of the tests under mutants/ finds it; without it those tests skip.
 MUTMUT := mutmut==3.8.1
