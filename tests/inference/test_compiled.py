@@ -319,11 +319,24 @@ def test_an_indexed_cache_reads_what_a_reordered_cache_holds():
             torch.testing.assert_close(got[indexed.rows[:n].t(), :, t].transpose(1, 2), want[:, :, :n])
         assert (indexed.batch_size, indexed.group_size) == (plain.batch_size, plain.group_size)
     assert indexed.moved
+    first = indexed.layers[0].self_k
     indexed.materialize()
     c = indexed.layers[0]
     torch.testing.assert_close(c.self_k[:, :, :n], plain.layers[0].self_k[:, :, :n])
     torch.testing.assert_close(c.self_v[:, :, :n], plain.layers[0].self_v[:, :, :n])
     assert c.self_k.size(0) == 2 and not indexed.moved and bool((c.self_k[:, :, n:] == 0).all())
+    # Moved again: materialized into the buffer before (the spare), as KVCache's reorder reuses its own.
+    k, v = torch.randn(2, 2, 2, 1, 4, generator=g)
+    plain.append(0, k, v)
+    c.self_k[:, :, indexed.length], c.self_v[:, :, indexed.length] = k[:, :, 0], v[:, :, 0]
+    plain.advance(), indexed.advance()
+    plain.reorder(torch.tensor([1, 1]), same_sources=True)
+    indexed.reorder(torch.tensor([1, 1]), same_sources=True)
+    indexed.materialize()
+    n = plain.length
+    torch.testing.assert_close(c.self_k[:, :, :n], plain.layers[0].self_k[:, :, :n])
+    torch.testing.assert_close(c.self_v[:, :, :n], plain.layers[0].self_v[:, :, :n])
+    assert c.self_k.data_ptr() == first.data_ptr() and bool(c.self_k.isfinite().all())
 
 
 def test_a_failed_compile_falls_back_to_eager_decoding(caplog: pytest.LogCaptureFixture):

@@ -251,13 +251,17 @@ class IndexedKVCache(KVCache):
         n, r = self.length, self.batch_size
         where = (self.rows[:n].t(), slice(None), torch.arange(n, device=self.rows.device))
         for c in self.layers:
-            c.self_k, c.spare_k = _placed(c.self_k, where, r), c.self_k
-            c.self_v, c.spare_v = _placed(c.self_v, where, r), c.self_v
+            c.self_k, c.spare_k = _placed(c.self_k, c.spare_k, where, r), c.self_k
+            c.self_v, c.spare_v = _placed(c.self_v, c.spare_v, where, r), c.self_v
         self.rows, self.moved = self._identity(r), False
 
 
-def _placed(buf: Tensor, where: tuple[Tensor, slice, Tensor], rows: int) -> Tensor:
-    out = torch.zeros((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)  # zeros: see KVCache._gather
+def _placed(buf: Tensor, spare: Tensor | None, where: tuple[Tensor, slice, Tensor], rows: int) -> Tensor:
+    """The filled positions of ``buf`` gathered through ``where`` into the first ``rows`` rows of
+    ``spare`` (as :meth:`KVCache._gather` reuses it), or of a new buffer where it does not fit."""
+    if spare is None or spare.size(0) < rows or spare.shape[1:] != buf.shape[1:] or spare.dtype != buf.dtype:
+        spare = torch.zeros((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)  # zeros: see KVCache._gather
+    out = spare[:rows]
     out[:, :, :where[2].numel()] = buf[where].transpose(1, 2)
     return out
 
