@@ -869,26 +869,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report["peak_dtype"] = str(peak_dtype).removeprefix("torch.")
     report["datasheet_tflops"] = datasheet = datasheet_tflops(report["machine"].get("name") if device.type == "cuda"
                                                               else None, dtype)
-    peak = run_section("peak_tflops", lambda: matmul_tflops(device, peak_dtype, sizes.matmul_n), report, args.json)
+
+    def section(name: str, fn: Callable[[], Any]) -> Any:
+        return run_section(name, fn, report, args.json)
+
+    peak = section("peak_tflops", lambda: matmul_tflops(device, peak_dtype, sizes.matmul_n))
     peak = peak if isinstance(peak, float) else None
-    train = run_section("train", lambda: training(sizes, device, dtype, peak, datasheet, budget), report, args.json)
+    train = section("train", lambda: training(sizes, device, dtype, peak, datasheet, budget))
     report["fastest_training"] = fastest_modes(train) if isinstance(train, list) else None
-    run_section("decode", lambda: decoding(sizes, device, dtype), report, args.json)
+    section("decode", lambda: decoding(sizes, device, dtype))
     if args.skip_ddp:
         report["ddp"] = None
     else:
         single = next((r["tokens_per_s"] for r in train if r["model"] == "base" and r["system"] == "aiayn"
                        and "skipped" not in r), None) if isinstance(train, list) else None
-        run_section("ddp", lambda: ddp(device, args.quick, single, timeout=max(budget.left(), 120.0)), report,
-                    args.json)
+        section("ddp", lambda: ddp(device, args.quick, single, timeout=max(budget.left(), 120.0)))
     if args.skip_tests:
         report["tests"] = None
     else:
         paths = args.tests or (CUDA_TEST_FILES if args.quick else ["tests"])
         timeout = max(min(args.tests_timeout, budget.left()), MIN_TESTS_TIMEOUT)
-        run_section("tests", lambda: cuda_tests(paths, timeout=timeout, log_path=args.tests_log), report, args.json)
+        section("tests", lambda: cuda_tests(paths, timeout=timeout, log_path=args.tests_log))
     if args.multi30k:
-        run_section("multi30k", lambda: multi30k(args.multi30k, args.data_dir, device, timeout=1800), report, args.json)
+        section("multi30k", lambda: multi30k(args.multi30k, args.data_dir, device, timeout=1800))
     else:
         report["multi30k"] = None
     report["seconds"] = round(time.perf_counter() - t0, 1)

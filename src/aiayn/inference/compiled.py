@@ -257,11 +257,9 @@ class IndexedKVCache(KVCache):
 
 
 def _placed(buf: Tensor, spare: Tensor | None, where: tuple[Tensor, slice, Tensor], rows: int) -> Tensor:
-    """The filled positions of ``buf`` gathered through ``where`` into the first ``rows`` rows of
-    ``spare`` (as :meth:`KVCache._gather` reuses it), or of a new buffer where it does not fit."""
-    if spare is None or spare.size(0) < rows or spare.shape[1:] != buf.shape[1:] or spare.dtype != buf.dtype:
-        spare = torch.zeros((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)  # zeros: see KVCache._gather
-    out = spare[:rows]
+    """The filled positions of ``buf`` gathered through ``where`` into ``rows`` rows of the
+    spare buffer, as :meth:`KVCache._gather` writes a reorder."""
+    out = KVCache._target(buf, spare, rows)
     out[:, :, :where[2].numel()] = buf[where].transpose(1, 2)
     return out
 

@@ -187,10 +187,10 @@ class CudaGraphSteps:
     """The decoding step ``step`` (:func:`~aiayn.inference.compiled.static_step`) replayed
     from recorded graphs, one per :class:`GraphKey`."""
 
-    def __init__(self, step: StaticStep, capture: Capture | None = None, max_rows: int = MAX_GRAPH_ROWS) -> None:
+    def __init__(self, step: StaticStep, capture: Capture | None = None) -> None:
         self.step = step
         self.capture = capture if capture is not None else cuda_capture()
-        self.max_rows = max_rows
+        self.max_rows = MAX_GRAPH_ROWS
         self.graphs: dict[GraphKey, _Graph] = {}
         self.pools: dict[tuple[int, int, torch.dtype], _Pool] = {}
         self.captured: list[GraphKey] = []  # in the order they were recorded

@@ -167,13 +167,18 @@ class KVCache:
     def _gather(buf: Tensor, spare: Tensor | None, index: Tensor, n: int) -> tuple[Tensor, Tensor]:
         """Rows ``index`` of ``buf``'s filled prefix, written into the spare buffer (a view of
         its first rows; a new one when the batch grows). Returns (new buffer, new spare)."""
-        rows = index.numel()
+        target = KVCache._target(buf, spare, index.numel())
+        # Only the filled prefix is worth copying; later positions get overwritten.
+        torch.index_select(buf[:, :, :n], 0, index, out=target[:, :, :n])
+        return target, buf
+
+    @staticmethod
+    def _target(buf: Tensor, spare: Tensor | None, rows: int) -> Tensor:
+        """Where a reorder writes ``rows`` rows of ``buf``: a view of the first rows of the spare
+        buffer (contiguous, reused in place), or of a new one when the batch grows."""
         if spare is None or spare.size(0) < rows:  # (growing the buffers drops the spare)
             # zeros, not empty: past the prefix a buffer then only ever holds finite values,
             # which a step that attends over every position with the unfilled ones masked
             # needs (a masked weight is 0, and 0 x NaN garbage would be NaN).
             spare = torch.zeros((rows,) + buf.shape[1:], dtype=buf.dtype, device=buf.device)
-        target = spare[:rows]  # a view of the first rows: contiguous, reused in place
-        # Only the filled prefix is worth copying; later positions get overwritten.
-        torch.index_select(buf[:, :, :n], 0, index, out=target[:, :, :n])
-        return target, buf
+        return spare[:rows]
