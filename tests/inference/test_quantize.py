@@ -16,15 +16,15 @@ from aiayn.inference.optimize import optimize_for_inference
 from aiayn.inference.search import beam_search
 from aiayn.model import build_model
 from aiayn.runtime import cpu
-from aiayn.runtime.precision import int8_kernel
+from aiayn.runtime.precision import INT8_DOT_PRODUCTS, int8_kernel
 
 KERNELS = ["int_mm"] + (["onednn"] if cpu.onednn_int8() else []) + (["fbgemm"] if cpu.fbgemm_int8() else [])
 
 
-def _skip_a_saturating_int_mm(kernel: str, input_qmax: float = 127.0) -> None:
+def _skip_a_saturating_int_mm(kernel: str, input_qmax: float = 127.0, weight_qmax: float = 127.0) -> None:
     """torch._int_mm on oneDNN narrowed below VNNI (ONEDNN_MAX_CPU_ISA) saturates full-range
     products; on a CPU of that kind torch runs an exact reference loop instead."""
-    if kernel == "int_mm" and not Q.int_mm_exact(input_qmax, 127.0):
+    if kernel == "int_mm" and not Q.int_mm_exact(input_qmax, weight_qmax):
         pytest.skip("platform: torch._int_mm saturates here (oneDNN narrowed below VNNI)")
 
 
@@ -83,16 +83,20 @@ def test_int8_linear_error_is_the_quantization_error() -> None:
 
 @pytest.mark.parametrize("kernel", ["onednn", "fbgemm"])
 def test_each_library_kernel_agrees_with_int_mm(kernel: str) -> None:
-    """The same weights and input range through a library's kernel and through torch._int_mm."""
+    """The same integer weights and input range through a library's kernel and through
+    torch._int_mm: oneDNN's 7-bit weights where its pair sums saturate (an AVX2-only CPU),
+    full-range weights elsewhere."""
     if kernel not in KERNELS:
         pytest.skip(f"platform: {kernel}'s int8 linear is not in this torch build")
-    _skip_a_saturating_int_mm("int_mm", 63.0 if kernel == "fbgemm" else 127.0)
+    _skip_a_saturating_int_mm("int_mm", 63.0 if kernel == "fbgemm" else 127.0, Q.weight_qmax(kernel))
     torch.manual_seed(1)
     lin = nn.Linear(40, 72)
     x = torch.randn(9, 40)
     with torch.no_grad():
         layer = Q.Int8Linear(lin.weight, lin.bias, kernel=kernel)
         plain = Q.Int8Linear(lin.weight, lin.bias, kernel="int_mm")
+        w8, scale = Q.quantize_rows(lin.weight, Q.weight_qmax(kernel))
+        plain.packed_weight, plain.weight_scale = w8.t().contiguous(), scale[:, 0]
         plain.input_qmax = layer.input_qmax
         torch.testing.assert_close(layer(x), plain(x), rtol=1e-5, atol=1e-5)
 
@@ -374,14 +378,17 @@ def test_fbgemm_is_exact_at_full_weight_range_without_vnni(isa: str, expected_ke
     its 7-bit inputs times full-range weights match the integer reference at the largest
     products; on this CPU as it is, too. torch._int_mm (what compiled int8 steps run) on
     oneDNN narrowed so saturates full-range products and fbgemm's ranges; oneDNN's 7-bit
-    weights fit (:func:`~aiayn.inference.quantize.int_mm_exact`, per range)."""
+    weights fit (:func:`~aiayn.inference.quantize.int_mm_exact`, per range). A real CPU without
+    int8 dot products runs torch._int_mm on torch's exact reference loop, narrowed or not."""
     if not cpu.fbgemm_int8():
         pytest.skip("platform: fbgemm's int8 linear is not in this torch build")
     narrowing = {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
     out = _run_narrowed(_FBGEMM_WORST_CASE, narrowing if isa else {})[:5]
     expected_kernel = expected_kernel or Q.KERNEL
     assert out[:4] == [f"kernel {expected_kernel}", "True", "True", "True"]
-    if isa:  # uint8-shifted inputs times weights: int16 pair sums saturate
+    if not cpu.cpu_flags() & INT8_DOT_PRODUCTS:  # an AVX2-only CPU: torch's exact reference loop
+        assert out[4] == "True True True"
+    elif isa:  # oneDNN narrowed: uint8-shifted inputs times weights, int16 pair sums saturate
         assert out[4] == "False False True"
     else:  # this CPU as it is: every range exact, or the AVX2 pattern
         assert out[4] in ("True True True", "False False True")
