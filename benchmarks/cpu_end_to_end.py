@@ -317,11 +317,16 @@ def count_lines(path: Path) -> int:
         return sum(1 for _ in f)
 
 
+# What `aiayn translate` says where compiling was asked for but the eager steps decode: the
+# compiled step failed to build, or int8 steps on a CPU without VNNI or AMX.
+EAGER_FALLBACKS = ("compiled decoding is unavailable", "decoding with the eager steps")
+
+
 def compiled_ran(stderr: str, compile_on: bool) -> bool:
     """Whether a run decoded with the compiled step, from what `aiayn translate` said: compiling
     chosen (``--compile on``, or auto's "compile auto -> on") and no fallback to eager steps."""
     chosen = compile_on or "compile auto -> on" in stderr
-    return chosen and "compiled decoding is unavailable" not in stderr
+    return chosen and not any(fallback in stderr for fallback in EAGER_FALLBACKS)
 
 
 def run_aiayn(checkpoint: Path, src: Path, out: Path, threads: int, cache: Path,
