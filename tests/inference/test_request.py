@@ -130,9 +130,15 @@ def test_a_phrase_dropped_with_best_effort_is_named_in_one_warning(caplog) -> No
                                    f"unknown piece); translated without it"]
 
 
-def test_batches_hold_longest_first_within_the_padded_budget() -> None:
+def test_batches_hold_longest_first_within_the_padded_budget_costliest_first() -> None:
     sentences = [EncodedSentence(i, [1] * n) for i, n in enumerate([3, 7, 2, 7, 5, 20])]
     got = [[s.index for s in batch] for batch in batches(sentences, 15)]
-    # 20 alone (over the budget); 7 + 7 = 14; then 5, 3, 2 padded to 5: 15.
-    assert got == [[5], [1, 3], [4, 0, 2]]
+    # 20 alone (over the budget); 7 + 7 = 14; then 5, 3, 2 padded to 5: 15. Estimated steps:
+    # 3 x (5 + 7) = 36, 2 x (7 + 7) = 28, 1 x (20 + 7) = 27, in that order.
+    assert got == [[4, 0, 2], [1, 3], [5]]
+    # equal estimates keep the longest-first order: 2 x (1 + 7) = 1 x (9 + 7); one step more
+    # for the two short ones puts them first: 2 x (1 + 7) > 1 x (8 + 7)
+    for longest, expected in [(9, [[1], [0, 2]]), (8, [[0, 2], [1]])]:
+        pair = [EncodedSentence(0, [1]), EncodedSentence(1, [1] * longest), EncodedSentence(2, [1])]
+        assert [[s.index for s in batch] for batch in batches(pair, longest)] == expected
     assert batches([], 10) == []

@@ -193,10 +193,18 @@ def encode_phrases(sentence: EncodedSentence, terms: SentenceConstraints, tokeni
     sentence.include, sentence.exclude = include, exclude
 
 
+# A batch's search takes about sentences x (longest source + this) steps of one row each: the
+# output is about as long as the source, and the beams run a few steps past their first end.
+_STEPS_PAST_SOURCE = 7
+
+
 def batches(sentences: Sequence[EncodedSentence], budget: int) -> list[list[EncodedSentence]]:
     """Sentences sorted by source length (longest first), cut so that sentences x longest <=
-    ``budget`` padded tokens. Sorting keeps padding small; a sentence longer than the budget
-    is a batch alone."""
+    ``budget`` padded tokens, the batches then ordered by their estimated search time, the
+    longest first (:data:`_STEPS_PAST_SOURCE`). Sorting keeps padding small; a sentence longer
+    than the budget is a batch alone. The order lets worker processes that take the next batch
+    when free end together: the batches of many short sentences, which cost the most, do not
+    come last."""
     order = sorted(range(len(sentences)), key=lambda k: -len(sentences[k].source))
     out: list[list[EncodedSentence]] = []
     current: list[EncodedSentence] = []
@@ -210,7 +218,7 @@ def batches(sentences: Sequence[EncodedSentence], budget: int) -> list[list[Enco
         width = w
     if current:
         out.append(current)
-    return out
+    return sorted(out, key=lambda batch: -len(batch) * (len(batch[0].source) + _STEPS_PAST_SOURCE))
 
 
 def _short(phrase: str, limit: int = 60) -> str:
