@@ -2,13 +2,13 @@
 # Constituency parsing on the Penn Treebank sample, end to end (paper, section 6.2): prepare
 # (train wsj_0001-0159, every phrase of 3+ words of its trees, and a variant of each with
 # words replaced by others of the same POS tag; valid wsj_0160-0179, test wsj_0180-0199; the
-# target tree spells its words), train 16,000 steps (a slower machine stops at the 60-minute
-# cap; timings in docs/results.md), average the last 5 checkpoints, parse valid and test
-# with beam 21, alpha LENPEN (the paper's 0.3 by default), max length = input + 300, under
-# the tree grammar (every output a tree over exactly its words), and score with EVALB
-# (COLLINS.prm). MEMBERS=2 trains two models side by side instead (seeds SEED and SEED+1,
-# one thread each on 2 cores) and parses with their ensemble. Results in docs/results.md;
-# the guide is docs/parsing.md.
+# target tree spells its words), train for 60 minutes (the rate held, then decayed over the
+# last 12; a slower machine makes fewer steps: docs/results.md), average the last 5
+# checkpoints, parse valid and test with beam 21, alpha LENPEN (the paper's 0.3 by default),
+# max length = input + 300, under the tree grammar (every output a tree over exactly its
+# words), and score with EVALB (COLLINS.prm). MEMBERS=2 trains two models side by side
+# instead (seeds SEED and SEED+1, one thread each on 2 cores) and parses with their
+# ensemble. Results in docs/results.md; the guide is docs/parsing.md.
 #
 #   AIAYN_DATA_MIRROR=/path/to/mirror bash scripts/ptb_parsing.sh   # its ptb-sample/ folder
 #   PTB_DIR=/path/to/treebank bash scripts/ptb_parsing.sh           # a folder of .mrg files
