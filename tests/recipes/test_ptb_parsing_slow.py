@@ -9,8 +9,9 @@ just under the measured figures of this test's configuration (1,000 updates, the
 checkpoints averaged, beam 21, constrained): F1 from 37.4 to 45.6 on dev and test over the
 measured runs and recipe variants (with and without the phrase and same-tag training
 extras, the paper's schedule), 40.06 dev and 39.09 test with the recipe's warmup-stable-decay
-schedule over the 1,000 steps. A regression in any stage (tree cleaning, linearization, tokenizer, training,
-averaging, the search, the tree constraint, the rebuild, EVALB) drops it below the floor.
+schedule over the 1,000 steps. A regression in any stage (tree cleaning, linearization,
+tokenizer, training, averaging, the search, the tree constraint, the rebuild, EVALB) drops it
+below the floor.
 """
 
 from __future__ import annotations
